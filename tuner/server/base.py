@@ -1,0 +1,111 @@
+"""The ServerBackend seam: start an inference server with given flags, wait, stop.
+
+A backend is a context manager; leaving the ``with`` block always reaps the server's whole
+process group, whatever happened inside. Implementations register themselves in
+:data:`SERVER_BACKENDS` by name (``server.kind`` in the config).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Protocol
+
+from tuner.config import ServerConfig
+from tuner.errors import ConfigError
+
+# Failure reasons a trial can report (also stored in Optuna user attrs).
+REASON_OOM = "out_of_memory"
+REASON_INVALID_ARGUMENT = "invalid_argument"
+REASON_ENGINE_INIT = "engine_init_failed"
+REASON_PORT_IN_USE = "port_in_use"
+REASON_STARTUP_TIMEOUT = "startup_timeout"
+REASON_DIED_DURING_LOAD = "died_during_load"
+REASON_OTHER = "exited_during_startup"
+
+
+@dataclass
+class LaunchSpec:
+    """What one launch adds to the fixed server config: flags and environment variables."""
+
+    args: dict[str, Any] = field(default_factory=dict)
+    env: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class ServerInfo:
+    """Facts learned from a started server (its log and its answers)."""
+
+    base_url: str
+    pid: int
+    startup_s: float
+    kv_cache_tokens: int | None = None
+    max_concurrency: float | None = None
+    version: str | None = None
+
+
+class ServerBackend(Protocol):
+    """A server that a trial can start, probe and stop."""
+
+    log_path: Path
+
+    def argv(self) -> list[str]:
+        """The exact command line (without secrets) that :meth:`start` runs."""
+        ...
+
+    def preflight(self) -> None:
+        """Reject a launch that cannot work before any process starts (PreflightError)."""
+        ...
+
+    def start(self) -> None: ...
+
+    def wait_ready(self, deadline: float) -> ServerInfo:
+        """Block until ready or raise ServerStartError; ``deadline`` is a monotonic time."""
+        ...
+
+    def check_alive(self) -> None:
+        """Raise ServerDiedError if the server process has exited."""
+        ...
+
+    def stop(self) -> None: ...
+
+    @property
+    def base_url(self) -> str: ...
+
+    @property
+    def api_key(self) -> str | None: ...
+
+    @property
+    def pid(self) -> int | None: ...
+
+    def __enter__(self) -> ServerBackend: ...
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None: ...
+
+
+class BackendFactory(Protocol):
+    def __call__(self, config: ServerConfig, launch: LaunchSpec, log_path: Path) -> ServerBackend:
+        ...
+
+
+SERVER_BACKENDS: dict[str, BackendFactory] = {}
+
+
+def register_backend(kind: str, factory: BackendFactory) -> None:
+    SERVER_BACKENDS[kind] = factory
+
+
+def make_backend(config: ServerConfig, launch: LaunchSpec, log_path: Path) -> ServerBackend:
+    """Build the backend named by ``config.kind``."""
+    try:
+        factory = SERVER_BACKENDS[config.kind]
+    except KeyError:
+        known = ", ".join(sorted(SERVER_BACKENDS)) or "none"
+        raise ConfigError(f"server.kind={config.kind!r} is unknown (known: {known})") from None
+    return factory(config, launch, log_path)
