@@ -15,12 +15,68 @@ import random
 import sys
 from pathlib import Path
 
-WORDS = (
-    "the a an of to in and is are was were be been model server token cache batch latency "
-    "throughput memory request prompt output tensor parallel quantize kernel decode prefill "
-    "queue schedule page block time second fast slow large small high low one two three four "
-    "five six seven eight nine ten data value result system user assistant answer question"
-).split()
+WORDS = [
+    "the",
+    "a",
+    "an",
+    "of",
+    "to",
+    "in",
+    "and",
+    "is",
+    "are",
+    "was",
+    "were",
+    "be",
+    "been",
+    "model",
+    "server",
+    "token",
+    "cache",
+    "batch",
+    "latency",
+    "throughput",
+    "memory",
+    "request",
+    "prompt",
+    "output",
+    "tensor",
+    "parallel",
+    "quantize",
+    "kernel",
+    "decode",
+    "prefill",
+    "queue",
+    "schedule",
+    "page",
+    "block",
+    "time",
+    "second",
+    "fast",
+    "slow",
+    "large",
+    "small",
+    "high",
+    "low",
+    "one",
+    "two",
+    "three",
+    "four",
+    "five",
+    "six",
+    "seven",
+    "eight",
+    "nine",
+    "ten",
+    "data",
+    "value",
+    "result",
+    "system",
+    "user",
+    "assistant",
+    "answer",
+    "question",
+]
 
 CHAT_TEMPLATE = (
     "{% for m in messages %}<|{{ m['role'] }}|>\n{{ m['content'] }}\n{% endfor %}"
@@ -34,7 +90,7 @@ def corpus(seed: int, lines: int = 4000) -> list[str]:
     for _ in range(lines):
         words = [rng.choice(WORDS) for _ in range(rng.randint(5, 30))]
         digits = str(rng.randint(0, 10_000))
-        out.append(" ".join(words) + f" {digits}, {{\"k\": [1, 2]}}.")
+        out.append(" ".join(words) + f' {digits}, {{"k": [1, 2]}}.')
     return out
 
 
@@ -93,9 +149,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--vocab-size", type=int, default=512)
     args = parser.parse_args(argv)
     tok = build_tokenizer(args.seed, args.vocab_size)
-    model = build_model(
-        len(tok), tok.bos_token_id, tok.eos_token_id, tok.pad_token_id, args.seed
-    )
+    model = build_model(len(tok), tok.bos_token_id, tok.eos_token_id, tok.pad_token_id, args.seed)
     args.out.mkdir(parents=True, exist_ok=True)
     tok.save_pretrained(args.out)
     model.save_pretrained(args.out, safe_serialization=True)

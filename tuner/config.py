@@ -115,7 +115,9 @@ class WorkloadConfig:
             raise ConfigError("workload.classes is empty", hint="give at least one request class")
         for i, rc in enumerate(self.classes):
             if rc.weight <= 0 or rc.api not in ("completions", "chat"):
-                raise ConfigError(f"workload.classes[{i}]: weight must be > 0, api completions|chat")
+                raise ConfigError(
+                    f"workload.classes[{i}]: weight must be > 0, api completions|chat"
+                )
             rc.prompt_tokens.validate(f"workload.classes[{i}].prompt_tokens")
             rc.output_tokens.validate(f"workload.classes[{i}].output_tokens")
         if self.processes < 1:

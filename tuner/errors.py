@@ -13,6 +13,8 @@ boundary where they happen, so the CLI can print one line and pick the exit code
     │   ├── ServerStartError  exited or timed out during start-up (has .failure)
     │   └── ServerDiedError   died while serving load
     ├── LoadGenError         the load generator failed (not the server)
+    ├── TelemetryError       a telemetry source could not be read (recorded, rarely raised)
+    │   └── ScrapeError      the server's /metrics could not be fetched or parsed
     ├── StorageError         the study database could not be opened or written
     └── ArtifactError        a trial artifact could not be written or read
 
@@ -68,6 +70,14 @@ class ServerDiedError(ServerError):
 
 class LoadGenError(TunerError):
     """The load generator itself failed (a client-side problem, not a server failure)."""
+
+
+class TelemetryError(TunerError):
+    """A telemetry source could not be read."""
+
+
+class ScrapeError(TelemetryError):
+    """The server's /metrics could not be fetched or parsed."""
 
 
 class StorageError(TunerError):

@@ -7,7 +7,8 @@
       config.yaml             the composed config of the run
       trials/<trial_id>/      server.log, requests.jsonl, locust*, telemetry.csv, result.json
       report/                 report.html, *.png
-      export/                 vllm-serve.sh, vllm-config.yaml, docker-run.sh, k8s.yaml, evidence.json
+      export/                 vllm-serve.sh, vllm-config.yaml, docker-run.sh, k8s.yaml,
+                              evidence.json
 """
 
 from __future__ import annotations

@@ -90,8 +90,9 @@ class ServerBackend(Protocol):
 
 
 class BackendFactory(Protocol):
-    def __call__(self, config: ServerConfig, launch: LaunchSpec, log_path: Path) -> ServerBackend:
-        ...
+    def __call__(
+        self, config: ServerConfig, launch: LaunchSpec, log_path: Path
+    ) -> ServerBackend: ...
 
 
 SERVER_BACKENDS: dict[str, BackendFactory] = {}

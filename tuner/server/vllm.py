@@ -325,3 +325,11 @@ class VllmServer:
 
 
 base.register_backend("vllm", VllmServer)
+
+
+def devices_used(args: Mapping[str, Any]) -> int:
+    """Accelerators a launch occupies: TP x PP x DP (vLLM's defaults are 1)."""
+    n = 1
+    for key in ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size"):
+        n *= int(args.get(key) or 1)
+    return n

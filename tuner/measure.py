@@ -1,0 +1,335 @@
+"""Raw per-request records -> :class:`Measurements` (latency percentiles, throughput, goodput).
+
+Definitions follow vLLM's ``vllm bench serve`` (shared/notes/load-testing.md) so our numbers are
+comparable with it:
+
+- TTFT, E2E: per completed request, as the client measured them.
+- TPOT: ``(e2e - ttft) / (output_tokens - 1)``, only for requests with more than one output token
+  (what GuideLLM and AIPerf call "ITL").
+- ITL: every gap between token-bearing events, pooled over all completed requests.
+- Percentiles: ``np.percentile`` with its default (linear) method over the raw samples.
+- Throughputs and goodput: counts of completed requests divided by the window length.
+
+A request is *measured* when ``phase == "measure"`` and ``window_start <= sent_at < window_end``;
+it may finish after ``window_end`` (the load generator lets it drain), because dropping the slow
+in-flight requests would flatter the tail. A failed request is never a latency sample; it counts in
+``error_rate`` and ``errors_by_kind``. Statistics of an empty sample are ``None`` (JSON null),
+never NaN or zero, so "no data" cannot pass for a perfect latency.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from tuner.config import SloConfig
+from tuner.records import ERROR_KINDS, ERROR_STREAM, PHASE_MEASURE, RequestRecord
+
+# A distribution-free two-sided 95 % CI for P99 whose upper end is the sample maximum exists only
+# when 1 - 0.99**n >= 0.975, i.e. n >= 368.
+MIN_SAMPLES_P99_CI = 368
+# An open-loop client that sends later than scheduled offers less load than asked; above this the
+# arrival process is no longer what the workload says (the notes saw <= 3 ms when healthy).
+DISPATCH_LAG_WARN_S = 0.010
+LATENCY_METRICS = ("ttft", "tpot", "itl", "e2e")
+STAT_NAMES = ("mean", "p50", "p90", "p95", "p99", "min", "max")
+UNKNOWN_ERROR = "unknown"
+
+
+@dataclass
+class MetricStats:
+    """Summary of one latency sample, in seconds; every statistic is None when ``n == 0``."""
+
+    n: int = 0
+    mean: float | None = None
+    p50: float | None = None
+    p90: float | None = None
+    p95: float | None = None
+    p99: float | None = None
+    min: float | None = None
+    max: float | None = None
+
+    @classmethod
+    def of(cls, values: Sequence[float] | np.ndarray) -> MetricStats:
+        arr = np.asarray(values, dtype=float)
+        if arr.size == 0:
+            return cls()
+        p50, p90, p95, p99 = np.percentile(arr, [50, 90, 95, 99])
+        return cls(
+            n=int(arr.size),
+            mean=float(arr.mean()),
+            p50=float(p50),
+            p90=float(p90),
+            p95=float(p95),
+            p99=float(p99),
+            min=float(arr.min()),
+            max=float(arr.max()),
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> MetricStats:
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in known})
+
+
+@dataclass
+class Measurements:
+    """Everything one measurement window says about the server under a workload."""
+
+    ttft: MetricStats
+    tpot: MetricStats
+    itl: MetricStats
+    e2e: MetricStats
+    window_s: float
+    requests_started: int
+    completed: int
+    failed: int
+    errors_by_kind: dict[str, int]
+    error_rate: float
+    request_throughput: float  # completed req/s
+    output_throughput: float  # output tok/s of completed requests
+    total_throughput: float  # (prompt + output) tok/s of completed requests
+    goodput: float  # req/s that met every set SLO
+    mean_prompt_tokens: float | None
+    mean_output_tokens: float | None
+    dispatch_lag_p99_s: float | None
+    # Stricter E2E P99 where each failure counts as the request timeout (AIPerf's adj_*).
+    e2e_p99_adjusted_s: float | None = None
+    warnings: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready nested dict (None for missing statistics, never NaN)."""
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Measurements:
+        values = dict(data)
+        for name in LATENCY_METRICS:
+            values[name] = MetricStats.from_dict(values[name])
+        values["errors_by_kind"] = dict(values.get("errors_by_kind", {}))
+        values["warnings"] = list(values.get("warnings", []))
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in values.items() if k in known})
+
+    def flat(self) -> dict[str, float]:
+        """One level of ``name_unit -> float`` for tables and Optuna user attrs; NaN = no data."""
+        out: dict[str, float] = {}
+        for name in LATENCY_METRICS:
+            stats: MetricStats = getattr(self, name)
+            out[f"{name}_n"] = float(stats.n)
+            for stat in STAT_NAMES:
+                out[f"{name}_{stat}_s"] = _nan_if_none(getattr(stats, stat))
+        out.update(
+            window_s=self.window_s,
+            requests_started=float(self.requests_started),
+            completed=float(self.completed),
+            failed=float(self.failed),
+            error_rate=self.error_rate,
+            request_throughput_req_s=self.request_throughput,
+            output_throughput_tok_s=self.output_throughput,
+            total_throughput_tok_s=self.total_throughput,
+            goodput_req_s=self.goodput,
+            mean_prompt_tokens=_nan_if_none(self.mean_prompt_tokens),
+            mean_output_tokens=_nan_if_none(self.mean_output_tokens),
+            dispatch_lag_p99_s=_nan_if_none(self.dispatch_lag_p99_s),
+            e2e_p99_adjusted_s=_nan_if_none(self.e2e_p99_adjusted_s),
+        )
+        # Every known kind always appears, so tables of several trials share their columns.
+        for kind in sorted(set(ERROR_KINDS) | set(self.errors_by_kind)):
+            out[f"errors_{kind}"] = float(self.errors_by_kind.get(kind, 0))
+        return out
+
+    def table(self) -> pd.DataFrame:
+        """Latency summary for printing: rows ttft/tpot/itl/e2e, columns mean p50 p90 p95 p99 n."""
+        rows = {name: getattr(self, name) for name in LATENCY_METRICS}
+        cols = ["mean", "p50", "p90", "p95", "p99"]
+        frame = pd.DataFrame(
+            {c: [_nan_if_none(getattr(s, c)) for s in rows.values()] for c in cols},
+            index=list(rows),
+        )
+        frame["n"] = [s.n for s in rows.values()]
+        return frame
+
+
+def _nan_if_none(value: float | None) -> float:
+    return math.nan if value is None else float(value)
+
+
+def _in_window(rec: RequestRecord, start: float, end: float) -> bool:
+    return rec.phase == PHASE_MEASURE and start <= rec.sent_at < end
+
+
+def _is_completed(rec: RequestRecord) -> bool:
+    return rec.ok and rec.e2e_s is not None
+
+
+def _tpot(rec: RequestRecord) -> float | None:
+    out = rec.output_tokens
+    if rec.e2e_s is None or rec.ttft_s is None or out is None or out <= 1:
+        return None
+    return (rec.e2e_s - rec.ttft_s) / (out - 1)
+
+
+def _meets_slo(rec: RequestRecord, slo: SloConfig) -> bool:
+    """Per-request SLO check as in vllm bench serve's goodput (inclusive; 0 = not set).
+
+    A request without a TPOT (one output token) meets the TPOT SLO vacuously, as there.
+    """
+    checks = (
+        (slo.p99_ttft_s, rec.ttft_s),
+        (slo.p99_tpot_s, _tpot(rec)),
+        (slo.p99_e2e_s, rec.e2e_s),
+    )
+    for limit, value in checks:
+        if limit > 0 and value is not None and value > limit:
+            return False
+    # A missing TTFT cannot be shown to meet a set TTFT SLO.
+    return not (slo.p99_ttft_s > 0 and rec.ttft_s is None)
+
+
+def _error_kind(rec: RequestRecord) -> str:
+    if rec.ok:  # marked ok but without an E2E: the stream ended before any token
+        return ERROR_STREAM
+    return rec.error_kind or UNKNOWN_ERROR
+
+
+def _percentile(values: Sequence[float], q: float) -> float | None:
+    return float(np.percentile(np.asarray(values, dtype=float), q)) if values else None
+
+
+def _mean(values: Sequence[float]) -> float | None:
+    return float(np.mean(values)) if values else None
+
+
+@dataclass
+class _Sample:
+    """The measured requests of one window, split the way the statistics need them."""
+
+    started: list[RequestRecord]
+    done: list[RequestRecord]
+    failures: list[RequestRecord]
+
+
+def _split(records: Iterable[RequestRecord], start: float, end: float) -> _Sample:
+    started = [r for r in records if _in_window(r, start, end)]
+    done = [r for r in started if _is_completed(r)]
+    failures = [r for r in started if not _is_completed(r)]
+    return _Sample(started, done, failures)
+
+
+def _latency_stats(done: list[RequestRecord]) -> dict[str, MetricStats]:
+    tpots = [t for t in (_tpot(r) for r in done) if t is not None]
+    return {
+        "ttft": MetricStats.of([r.ttft_s for r in done if r.ttft_s is not None]),
+        "tpot": MetricStats.of(tpots),
+        "itl": MetricStats.of([gap for r in done for gap in r.itl_s]),
+        "e2e": MetricStats.of([r.e2e_s for r in done if r.e2e_s is not None]),
+    }
+
+
+def _adjusted_e2e_p99(sample: _Sample, timeout_s: float | None) -> float | None:
+    if timeout_s is None or not sample.started:
+        return None
+    values = [r.e2e_s for r in sample.done if r.e2e_s is not None]
+    return _percentile(values + [timeout_s] * len(sample.failures), 99)
+
+
+def _throughputs(sample: _Sample, window_s: float, slo: SloConfig) -> tuple[float, ...]:
+    """(request, output token, total token, goodput) rates over the window."""
+    prompt = sum(r.prompt_tokens or 0 for r in sample.done)
+    output = sum(r.output_tokens or 0 for r in sample.done)
+    good = sum(1 for r in sample.done if _meets_slo(r, slo))
+    return tuple(x / window_s for x in (len(sample.done), output, prompt + output, good))
+
+
+def _token_means(done: list[RequestRecord]) -> tuple[float | None, float | None]:
+    prompt = [r.prompt_tokens for r in done if r.prompt_tokens is not None]
+    output = [r.output_tokens for r in done if r.output_tokens is not None]
+    return _mean(prompt), _mean(output)
+
+
+def _sample_size_warnings(stats: dict[str, MetricStats]) -> list[str]:
+    by_n: dict[int, list[str]] = {}
+    for name in ("ttft", "tpot", "e2e"):  # ITL pools every gap, so its n is rarely the issue
+        n = stats[name].n
+        if 0 < n < MIN_SAMPLES_P99_CI:
+            by_n.setdefault(n, []).append(name)
+    return [
+        f"P99 of {', '.join(names)} rests on {n} samples (< {MIN_SAMPLES_P99_CI} needed for a "
+        "distribution-free 95% CI)"
+        for n, names in by_n.items()
+    ]
+
+
+def _warnings(sample: _Sample, stats: dict[str, MetricStats], lag_p99: float | None) -> list[str]:
+    out: list[str] = []
+    if not sample.started:
+        out.append("no requests were started in the measurement window")
+    elif not sample.done:
+        out.append("no completed requests")
+    out.extend(_sample_size_warnings(stats))
+    if lag_p99 is not None and lag_p99 > DISPATCH_LAG_WARN_S:
+        out.append(
+            f"client dispatch lag P99 {lag_p99 * 1e3:.1f} ms: the load generator sent later "
+            "than scheduled, so the offered load was lower than configured"
+        )
+    no_usage = sum(1 for r in sample.done if r.output_tokens is None)
+    if no_usage:
+        out.append(f"{no_usage} completed requests lack usage.output_tokens (counted as 0 tokens)")
+    hollow = sum(1 for r in sample.failures if r.ok)
+    if hollow:
+        out.append(f"{hollow} requests marked ok have no e2e_s; counted as stream errors")
+    return out
+
+
+def measure(
+    records: Iterable[RequestRecord],
+    window_start: float,
+    window_end: float,
+    slo: SloConfig,
+    *,
+    timeout_s: float | None = None,
+) -> Measurements:
+    """Summarise the requests sent in ``[window_start, window_end)`` of the measure phase.
+
+    ``timeout_s`` (the request timeout) enables :attr:`Measurements.e2e_p99_adjusted_s`.
+    """
+    if window_end <= window_start:
+        raise ValueError(f"empty measurement window [{window_start}, {window_end})")
+    window_s = window_end - window_start
+    sample = _split(records, window_start, window_end)
+    stats = _latency_stats(sample.done)
+    lag_p99 = _percentile([r.sent_at - r.scheduled_at for r in sample.started], 99)
+    started, failed = len(sample.started), len(sample.failures)
+    req_tput, out_tput, total_tput, goodput = _throughputs(sample, window_s, slo)
+    mean_prompt, mean_output = _token_means(sample.done)
+    return Measurements(
+        ttft=stats["ttft"],
+        tpot=stats["tpot"],
+        itl=stats["itl"],
+        e2e=stats["e2e"],
+        window_s=window_s,
+        requests_started=started,
+        completed=len(sample.done),
+        failed=failed,
+        errors_by_kind=dict(Counter(_error_kind(r) for r in sample.failures)),
+        error_rate=failed / started if started else 0.0,
+        request_throughput=req_tput,
+        output_throughput=out_tput,
+        total_throughput=total_tput,
+        goodput=goodput,
+        mean_prompt_tokens=mean_prompt,
+        mean_output_tokens=mean_output,
+        dispatch_lag_p99_s=lag_p99,
+        e2e_p99_adjusted_s=_adjusted_e2e_p99(sample, timeout_s),
+        warnings=_warnings(sample, stats, lag_p99),
+    )

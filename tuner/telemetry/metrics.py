@@ -1,0 +1,212 @@
+"""The inference server's own Prometheus ``/metrics`` (vLLM 0.32 names), scraped and summarised.
+
+Parsing uses ``prometheus_client.parser`` (the exposition format has escaping, labels and
+histogram conventions that regexes get wrong). A scrape is flattened to ``sample name -> value``
+summed over label sets (engines, finish reasons), e.g. ``vllm:num_requests_running``,
+``vllm:num_preemptions_total``, ``vllm:time_to_first_token_seconds_sum``. Histogram buckets
+and ``_created`` timestamps are dropped: summing them over labels means nothing.
+
+The server may be dying while it is polled, so :class:`MetricsPoller` records a failed scrape
+and goes on; only :func:`scrape` itself raises (:class:`ScrapeError`).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+import pandas as pd
+
+from tuner.errors import ScrapeError
+from tuner.telemetry._base import PeriodicSampler, Window
+
+COLUMNS = ["t", "name", "value"]
+PREFIX = "vllm:"
+RUNNING = "vllm:num_requests_running"
+WAITING = "vllm:num_requests_waiting"
+KV_USAGE = "vllm:kv_cache_usage_perc"  # a 0-1 fraction despite the name
+GAUGES = {
+    "num_requests_running": RUNNING,
+    "num_requests_waiting": WAITING,
+    "kv_cache_usage": KV_USAGE,
+}
+COUNTERS = {
+    "preemptions": "vllm:num_preemptions_total",
+    "prefix_cache_queries": "vllm:prefix_cache_queries_total",
+    "prefix_cache_hits": "vllm:prefix_cache_hits_total",
+    "prompt_tokens": "vllm:prompt_tokens_total",
+    "generation_tokens": "vllm:generation_tokens_total",
+    "requests_succeeded": "vllm:request_success_total",
+}
+HISTOGRAMS = {  # summary key -> histogram name; the mean over the window is delta sum / delta count
+    "server_ttft_mean_s": "vllm:time_to_first_token_seconds",
+    "server_itl_mean_s": "vllm:inter_token_latency_seconds",
+    "server_tpot_mean_s": "vllm:request_time_per_output_token_seconds",
+    "server_e2e_mean_s": "vllm:e2e_request_latency_seconds",
+    "server_queue_mean_s": "vllm:request_queue_time_seconds",
+}
+_SKIPPED_SUFFIXES = ("_bucket", "_created")
+
+
+def parse_metrics(text: str) -> dict[str, float]:
+    """Prometheus text exposition -> ``sample name -> value`` summed over label sets."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    out: dict[str, float] = {}
+    try:
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                if sample.name.endswith(_SKIPPED_SUFFIXES):
+                    continue
+                out[sample.name] = out.get(sample.name, 0.0) + float(sample.value)
+    except ValueError as exc:
+        raise ScrapeError(f"/metrics is not valid Prometheus text: {exc}") from exc
+    return out
+
+
+def scrape(base_url: str, api_key: str | None = None, timeout: float = 5.0) -> dict[str, float]:
+    """Fetch and parse ``{base_url}/metrics``; raises :class:`ScrapeError`."""
+    # Imported here so that the NVML part of this package runs with numpy/pandas/psutil alone.
+    import requests
+
+    url = base_url.rstrip("/") + "/metrics"
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    try:
+        response = requests.get(url, headers=headers, timeout=timeout)
+        response.raise_for_status()
+    except requests.RequestException as exc:
+        raise ScrapeError(
+            f"cannot scrape {url}: {exc}", hint="the server may have died: see its log"
+        ) from exc
+    return parse_metrics(response.text)
+
+
+class MetricsPoller(PeriodicSampler):
+    """Scrapes /metrics when started, every ``interval_s``, and when stopped."""
+
+    def __init__(
+        self,
+        base_url: str,
+        api_key: str | None = None,
+        interval_s: float = 2.0,
+        timeout_s: float | None = None,
+    ) -> None:
+        super().__init__(interval_s, "metrics")
+        self.base_url = base_url
+        self.api_key = api_key
+        # A scrape must finish before the next is due, or a hung server would stall stop().
+        self.timeout_s = timeout_s if timeout_s is not None else max(1.0, interval_s)
+        self._scrapes: list[tuple[float, dict[str, float]]] = []
+        self._failures: list[tuple[float, str]] = []
+
+    def _sample(self) -> None:
+        now = time.time()
+        try:
+            values = scrape(self.base_url, self.api_key, self.timeout_s)
+        except ScrapeError as exc:
+            with self._lock:
+                self._failures.append((now, exc.message))
+            self._note(f"scrape failed: {exc.message}")
+            return
+        kept = {k: v for k, v in values.items() if k.startswith(PREFIX)}
+        if not kept:
+            self._note("/metrics has no vllm: metrics (is --disable-log-stats set?)")
+        with self._lock:
+            self._scrapes.append((now, kept))
+
+    @property
+    def scrapes(self) -> list[tuple[float, dict[str, float]]]:
+        """Successful scrapes as (time, values), oldest first."""
+        with self._lock:
+            return list(self._scrapes)
+
+    @property
+    def failures(self) -> list[tuple[float, str]]:
+        """Failed scrapes as (time, reason)."""
+        with self._lock:
+            return list(self._failures)
+
+    @property
+    def samples(self) -> pd.DataFrame:
+        """Every scraped vLLM value, long format: columns t, name, value."""
+        rows = [(t, name, v) for t, values in self.scrapes for name, v in values.items()]
+        return pd.DataFrame(rows, columns=COLUMNS)
+
+    def summary(self, window: Window | None = None) -> dict[str, float]:
+        """Gauges (max/mean over scrapes in the window) and counter/histogram deltas across it.
+
+        Keys whose value cannot be known (no scrape, no queries, a counter reset) are left out.
+        """
+        scrapes = self.scrapes
+        out: dict[str, float] = {
+            "scrapes": float(len(scrapes)),
+            "scrape_failures": float(len(self.failures)),
+        }
+        out.update(_gauge_stats(_inside(scrapes, window)))
+        first, last = _bracket(scrapes, window)
+        if first is not None and last is not None:
+            out.update(self._deltas(first, last))
+        return out
+
+    def _deltas(self, first: dict[str, float], last: dict[str, float]) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for key, name in COUNTERS.items():
+            delta = _delta(first, last, name)
+            if delta is not None:
+                out[key] = delta
+            elif name in first and name in last:
+                self._note(f"{name} went down (server restarted?)")
+        queries = out.get("prefix_cache_queries", 0.0)
+        if queries > 0:
+            out["prefix_cache_hit_rate"] = out.get("prefix_cache_hits", 0.0) / queries
+        for key, name in HISTOGRAMS.items():
+            count = _delta(first, last, f"{name}_count")
+            total = _delta(first, last, f"{name}_sum")
+            if count and total is not None:
+                out[key] = total / count
+        return out
+
+
+def _delta(first: dict[str, float], last: dict[str, float], name: str) -> float | None:
+    if name not in first or name not in last:
+        return None
+    delta = last[name] - first[name]
+    return delta if delta >= 0 else None
+
+
+def _inside(
+    scrapes: list[tuple[float, dict[str, float]]], window: Window | None
+) -> list[dict[str, float]]:
+    if window is None:
+        return [values for _, values in scrapes]
+    return [values for t, values in scrapes if window[0] <= t <= window[1]]
+
+
+def _bracket(
+    scrapes: list[tuple[float, dict[str, float]]], window: Window | None
+) -> tuple[dict[str, float] | None, dict[str, float] | None]:
+    """The scrapes that bracket the window: last at/before its start, first at/after its end.
+
+    Without one before (or after), the first (last) scrape inside stands in.
+    """
+    if not scrapes:
+        return None, None
+    if window is None:
+        return scrapes[0][1], scrapes[-1][1]
+    start, end = window
+    before = [v for t, v in scrapes if t <= start]
+    after = [v for t, v in scrapes if t >= end]
+    inside = [v for t, v in scrapes if start < t < end]
+    first = before[-1] if before else (inside[0] if inside else (after[0] if after else None))
+    last = after[0] if after else (inside[-1] if inside else (before[-1] if before else None))
+    return first, last
+
+
+def _gauge_stats(scrapes: list[dict[str, float]]) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for key, name in GAUGES.items():
+        values = [s[name] for s in scrapes if name in s and not math.isnan(s[name])]
+        if values:
+            out[f"{key}_max"] = max(values)
+            out[f"{key}_mean"] = sum(values) / len(values)
+    return out

@@ -1,0 +1,252 @@
+"""One trial end to end: launch -> ready -> load (+ telemetry) -> stop -> measurements.
+
+A failure of the server or of the load generator is a *trial outcome* (``status="failed"`` with a
+reason and the log tail), never an exception that kills a study. Only an interrupt
+(KeyboardInterrupt) propagates, after every child process has been reaped.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tuner.config import TunerConfig
+from tuner.errors import LoadGenError, ServerError
+from tuner.loadgen import LoadResult, Target, get_load_generator
+from tuner.measure import Measurements, measure
+from tuner.paths import TrialPaths
+from tuner.records import read_records
+from tuner.server import LaunchSpec, ServerBackend, ServerInfo, make_backend
+from tuner.server.base import REASON_DIED_DURING_LOAD
+from tuner.telemetry import Telemetry
+
+STATUS_OK = "ok"
+STATUS_FAILED = "failed"
+REASON_LOADGEN = "load_generator_failed"
+
+Progress = Callable[[str], None]
+
+
+@dataclass
+class TrialOutcome:
+    """Everything a trial produced; serialised as result.json and as Optuna user attrs."""
+
+    trial_id: str
+    status: str
+    argv: list[str]
+    launch: dict[str, Any]
+    reason: str = ""
+    message: str = ""
+    log_tail: str = ""
+    server: dict[str, Any] = field(default_factory=dict)
+    measurements: dict[str, Any] = field(default_factory=dict)
+    telemetry: dict[str, Any] = field(default_factory=dict)
+    timings: dict[str, float] = field(default_factory=dict)
+    window: dict[str, float] = field(default_factory=dict)  # wall-clock start/end
+    folder: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.status == STATUS_OK
+
+    def metrics(self) -> Measurements | None:
+        return Measurements.from_dict(self.measurements) if self.measurements else None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def write(self, path: Path) -> None:
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(self.to_dict(), indent=2, sort_keys=True), encoding="utf-8")
+        os.replace(tmp, path)  # atomic: a reader never sees half a result
+
+    @classmethod
+    def read(cls, path: Path) -> TrialOutcome:
+        return cls(**json.loads(path.read_text(encoding="utf-8")))
+
+
+class _Clock:
+    """Named phase durations (seconds) for the wall-time breakdown."""
+
+    def __init__(self) -> None:
+        self.t0 = time.monotonic()
+        self.phases: dict[str, float] = {}
+
+    @contextlib.contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        start = time.monotonic()
+        try:
+            yield
+        finally:
+            self.phases[name] = self.phases.get(name, 0.0) + time.monotonic() - start
+
+    def finish(self) -> dict[str, float]:
+        self.phases["total"] = time.monotonic() - self.t0
+        return {k: round(v, 3) for k, v in self.phases.items()}
+
+
+def run_trial(
+    config: TunerConfig,
+    launch: LaunchSpec,
+    paths: TrialPaths,
+    trial_id: str,
+    progress: Progress = lambda _msg: None,
+) -> TrialOutcome:
+    """Run one trial; always returns an outcome (and writes result.json)."""
+    paths.ensure()
+    clock = _Clock()
+    server = make_backend(config.server, launch, paths.server_log)
+    outcome = TrialOutcome(trial_id, STATUS_FAILED, server.argv(), asdict(launch))
+    outcome.folder = str(paths.root)
+    try:
+        _run_phases(config, server, paths, outcome, clock, progress)
+    except ServerError as exc:
+        _fail(outcome, exc.reason, exc.one_line(), exc.log_tail)
+    except LoadGenError as exc:
+        _fail(outcome, REASON_LOADGEN, exc.one_line(), "")
+    finally:
+        with clock.phase("teardown"):
+            server.stop()
+        outcome.timings = clock.finish()
+        outcome.write(paths.result_json)
+    progress(_summary_line(outcome))
+    return outcome
+
+
+def _fail(outcome: TrialOutcome, reason: str, message: str, log_tail: str) -> None:
+    outcome.status, outcome.reason = STATUS_FAILED, reason
+    outcome.message, outcome.log_tail = message, log_tail
+
+
+def _run_phases(
+    config: TunerConfig,
+    server: ServerBackend,
+    paths: TrialPaths,
+    outcome: TrialOutcome,
+    clock: _Clock,
+    progress: Progress,
+) -> None:
+    progress("starting server")
+    with clock.phase("startup"):
+        server.start()
+        info = server.wait_ready(time.monotonic() + config.server.startup_timeout_s)
+    outcome.server = asdict(info)
+    progress(_ready_line(info))
+    result, summary = _load(config, server, info, paths, clock, progress)
+    with clock.phase("analysis"):
+        records = read_records(result.records_path)
+        m = measure(records, result.window_start, result.window_end, config.slo)
+    outcome.measurements = m.to_dict()
+    outcome.window = {"start": result.window_start, "end": result.window_end}
+    outcome.telemetry = summary
+    outcome.status = STATUS_OK
+
+
+def _load(
+    config: TunerConfig,
+    server: ServerBackend,
+    info: ServerInfo,
+    paths: TrialPaths,
+    clock: _Clock,
+    progress: Progress,
+) -> tuple[LoadResult, dict[str, Any]]:
+    """Warm-up + window under telemetry, with a watchdog that stops the load if vLLM dies."""
+    target = Target(
+        base_url=info.base_url,
+        api_key=server.api_key,
+        model=config.server.served_model_name or config.server.model,
+        tokenizer=config.server.model,
+    )
+    telemetry = Telemetry(config.telemetry, info.base_url, server.api_key, info.pid, None)
+    watchdog = _Watchdog(server)
+    wl = config.workload
+    progress(f"load: warm-up {wl.warmup_s:g} s, window {wl.window_s:g} s ({_shape(config)})")
+    with clock.phase("load"), telemetry, watchdog:
+
+        def on_spawn(pid: int) -> None:
+            telemetry.watch_client(pid)
+            watchdog.client_pids.append(pid)
+
+        try:
+            result = get_load_generator("locust")().run(target, wl, paths.loadgen_dir, on_spawn)
+        except LoadGenError:
+            server.check_alive()  # a dead server explains a broken load run better
+            raise
+    server.check_alive()
+    summary = telemetry.summary_dict((result.window_start, result.window_end))
+    telemetry.write_csv(paths.telemetry_csv)
+    _link_records(result, paths)
+    return result, summary
+
+
+def _link_records(result: LoadResult, paths: TrialPaths) -> None:
+    if result.records_path != paths.requests and result.records_path.exists():
+        os.replace(result.records_path, paths.requests)
+        result.records_path = paths.requests
+
+
+class _Watchdog:
+    """Polls the server while load runs; if it dies, stops the load generator at once."""
+
+    def __init__(self, server: ServerBackend, interval_s: float = 0.5) -> None:
+        self.server = server
+        self.interval_s = interval_s
+        self.client_pids: list[int] = []
+        self.server_died = False
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="server-watchdog", daemon=True)
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            try:
+                self.server.check_alive()
+            except ServerError:
+                self.server_died = True
+                for pid in self.client_pids:
+                    with contextlib.suppress(ProcessLookupError, PermissionError):
+                        os.killpg(pid, signal.SIGTERM)
+                return
+
+    def __enter__(self) -> _Watchdog:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def _shape(config: TunerConfig) -> str:
+    wl = config.workload
+    if wl.mode == "open":
+        return f"open loop {wl.rate:g} req/s, burstiness {wl.burstiness:g}"
+    return f"closed loop, {wl.concurrency} users"
+
+
+def _ready_line(info: ServerInfo) -> str:
+    kv = f", KV cache {info.kv_cache_tokens:,} tokens" if info.kv_cache_tokens else ""
+    return f"server ready in {info.startup_s:.1f} s{kv}"
+
+
+def _summary_line(outcome: TrialOutcome) -> str:
+    if not outcome.ok:
+        return f"trial {outcome.trial_id} FAILED ({outcome.reason}): {outcome.message}"
+    m = outcome.measurements
+    e2e = m["e2e"]["p99"]
+    return (
+        f"trial {outcome.trial_id} ok: {m['completed']} requests, "
+        f"P99 E2E {e2e:.3f} s, {m['output_throughput']:.0f} output tok/s"
+        if e2e is not None
+        else f"trial {outcome.trial_id} ok but no completed requests"
+    )
+
+
+__all__ = ["REASON_DIED_DURING_LOAD", "TrialOutcome", "run_trial"]
