@@ -159,6 +159,9 @@ class ParamSpec:
     choices: list[Any] | None = None
     target: str = "arg"  # arg | env
     name: str | None = None  # flag / variable name when it differs from the key
+    omit: list[Any] = field(default_factory=list)  # values meaning "leave the flag out"
+    # extra environment per chosen value (keys are str(value)), e.g. CPU thread binding for TP
+    env_by_choice: dict[str, dict[str, str]] = field(default_factory=dict)
 
 
 @dataclass
@@ -226,11 +229,34 @@ class TunerConfig:
     cost: CostConfig = field(default_factory=CostConfig)
     sampler: SamplerConfig = field(default_factory=SamplerConfig)
 
+    def __post_init__(self) -> None:
+        # OmegaConf keeps dict[str, dict[str, ParamSpec]] untyped below the first level, so the
+        # specs arrive as plain dicts; type them here, naming the offending key on error.
+        self.search_space = {
+            group: {param: _param_spec(group, param, spec) for param, spec in specs.items()}
+            for group, specs in self.search_space.items()
+        }
+
     def validate(self) -> None:
         if not self.name or "/" in self.name or self.name.startswith("."):
             raise ConfigError(f"name={self.name!r} is not a valid study name")
         self.server.validate()
         self.workload.validate()
+
+
+def _param_spec(group: str, param: str, spec: Any) -> ParamSpec:
+    if isinstance(spec, ParamSpec):
+        return spec
+    if not isinstance(spec, dict):
+        raise ConfigError(f"search_space.{group}.{param} must be a mapping, got {spec!r}")
+    known = set(ParamSpec.__dataclass_fields__)
+    unknown = sorted(set(spec) - known)
+    if unknown:
+        raise ConfigError(
+            f"search_space.{group}.{param}: unknown key(s) {', '.join(unknown)}",
+            hint=f"valid keys: {', '.join(sorted(known))}",
+        )
+    return ParamSpec(**spec)
 
 
 def register_configs() -> None:

@@ -2,7 +2,8 @@
 
 Run as a script (``python _vllm_argparse.py``), never imported by tuner: it imports vLLM (~5-10 s)
 and must see the server's vLLM, not the tuner's. It uses only the standard library and vLLM.
-Request on stdin, one JSON object: ``{"op": "flags"}`` or ``{"op": "check", "argvs": [[...]]}``.
+Request on stdin, one JSON object: ``{"op": "flags"}``, ``{"op": "check", "argvs": [[...]]}``
+or ``{"op": "parse", "argv": [...]}``.
 Reply: one stdout line ``MARKER {json}`` (vLLM may log to stdout too, so the marker finds it).
 """
 
@@ -63,18 +64,29 @@ def build_parser() -> tuple[argparse.ArgumentParser, Callable[[argparse.Namespac
     return parser, validate
 
 
-def check(parser: argparse.ArgumentParser, validate: Any, argv: list[str]) -> str | None:
+def parse(
+    parser: argparse.ArgumentParser, validate: Any, argv: list[str]
+) -> tuple[argparse.Namespace | None, str | None]:
+    """(namespace, None) if the server would accept ``argv``, else (None, message)."""
     try:
         args = parser.parse_args(argv)
         if validate is not None:
             validate(args)
     except ParseRejected as exc:
-        return str(exc)
+        return None, str(exc)
     except SystemExit as exc:  # a code path that exits without error()
-        return f"vLLM's parser exited with status {exc.code}"
+        return None, f"vLLM's parser exited with status {exc.code}"
     except Exception as exc:  # vLLM raises ValueError/TypeError/AssertionError for bad configs
-        return f"{type(exc).__name__}: {exc}"
-    return None
+        return None, f"{type(exc).__name__}: {exc}"
+    return args, None
+
+
+def _plain(value: Any) -> Any:
+    try:
+        json.dumps(value)
+    except (TypeError, ValueError):
+        return repr(value)
+    return value
 
 
 def _flags(request: dict[str, Any]) -> dict[str, Any]:
@@ -84,10 +96,21 @@ def _flags(request: dict[str, Any]) -> dict[str, Any]:
 
 def _check_all(request: dict[str, Any]) -> dict[str, Any]:
     parser, validate = build_parser()
-    return {"errors": [check(parser, validate, list(a)) for a in request.get("argvs", [])]}
+    return {"errors": [parse(parser, validate, list(a))[1] for a in request.get("argvs", [])]}
 
 
-OPS: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {"flags": _flags, "check": _check_all}
+def _parse_one(request: dict[str, Any]) -> dict[str, Any]:
+    parser, validate = build_parser()
+    args, error = parse(parser, validate, list(request.get("argv", [])))
+    values = {k: _plain(v) for k, v in vars(args).items()} if args is not None else None
+    return {"error": error, "values": values}
+
+
+OPS: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
+    "flags": _flags,
+    "check": _check_all,
+    "parse": _parse_one,
+}
 
 
 def handle(request: dict[str, Any]) -> dict[str, Any]:

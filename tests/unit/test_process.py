@@ -1,0 +1,55 @@
+"""Children are reaped with their whole group, even a grandchild that ignores SIGTERM."""
+
+from __future__ import annotations
+
+import socket
+import sys
+import time
+from pathlib import Path
+
+import psutil
+
+from tuner.process import free_port, group_alive, port_is_free, reap, spawn, wait_port_free
+
+STUBBORN = (
+    "import signal, subprocess, sys, time\n"
+    "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+    "subprocess.Popen([sys.executable, '-c', "
+    "'import signal,time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(60)'])\n"
+    "print('ready', flush=True); time.sleep(60)\n"
+)
+
+
+def test_reap_kills_group_including_sigterm_ignoring_grandchild(tmp_path: Path) -> None:
+    log = tmp_path / "child.log"
+    proc = spawn([sys.executable, "-c", STUBBORN], {"PATH": "/usr/bin:/bin"}, log)
+    deadline = time.monotonic() + 10
+    while "ready" not in log.read_text() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    members = [p for p in psutil.process_iter() if _pgid(p) == proc.pid]
+    assert len(members) == 2
+    t0 = time.monotonic()
+    code = reap(proc, grace_s=0.5)
+    assert code is not None and code < 0  # killed by a signal
+    assert time.monotonic() - t0 < 5
+    assert not group_alive(proc.pid)
+
+
+def _pgid(p: psutil.Process) -> int:
+    try:
+        import os
+
+        return os.getpgid(p.pid)
+    except (ProcessLookupError, psutil.Error):
+        return -1
+
+
+def test_ports() -> None:
+    port = free_port()
+    assert port_is_free("127.0.0.1", port)
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", port))
+        sock.listen()
+        assert not port_is_free("127.0.0.1", port)
+        assert not wait_port_free("127.0.0.1", port, timeout_s=0.3)
+    assert wait_port_free("127.0.0.1", port, timeout_s=2)

