@@ -8,6 +8,7 @@ DictConfig. Validation that needs more than a type lives in :meth:`validate` met
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -233,7 +234,7 @@ class TunerConfig:
         # OmegaConf keeps dict[str, dict[str, ParamSpec]] untyped below the first level, so the
         # specs arrive as plain dicts; type them here, naming the offending key on error.
         self.search_space = {
-            group: {param: _param_spec(group, param, spec) for param, spec in specs.items()}
+            group: {param: param_spec(spec, f"{group}.{param}") for param, spec in specs.items()}
             for group, specs in self.search_space.items()
         }
 
@@ -244,16 +245,20 @@ class TunerConfig:
         self.workload.validate()
 
 
-def _param_spec(group: str, param: str, spec: Any) -> ParamSpec:
+def param_spec(spec: Any, where: str) -> ParamSpec:
+    """A ParamSpec from a spec or a plain mapping; ``where`` is ``group.param`` for messages."""
     if isinstance(spec, ParamSpec):
         return spec
-    if not isinstance(spec, dict):
-        raise ConfigError(f"search_space.{group}.{param} must be a mapping, got {spec!r}")
+    if not isinstance(spec, Mapping):
+        raise ConfigError(
+            f"search_space.{where}: expected a mapping like {{type: int, low: 1, high: 8}}, "
+            f"got {spec!r}"
+        )
     known = set(ParamSpec.__dataclass_fields__)
     unknown = sorted(set(spec) - known)
     if unknown:
         raise ConfigError(
-            f"search_space.{group}.{param}: unknown key(s) {', '.join(unknown)}",
+            f"search_space.{where}: unknown key(s) {', '.join(unknown)}",
             hint=f"valid keys: {', '.join(sorted(known))}",
         )
     return ParamSpec(**spec)

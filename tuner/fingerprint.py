@@ -1,0 +1,62 @@
+"""What makes two baselines comparable: model, hardware, vLLM version, workload, fixed args.
+
+A baseline is measured once per fingerprint and reused (on resume, and by later studies in the
+same storage) because it is the control every stage is compared against.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from tuner.config import TunerConfig
+
+# Never part of a fingerprint or of anything stored: secrets.
+SECRET_ENV_HINTS = ("TOKEN", "KEY", "SECRET", "PASSWORD")
+
+
+def _model_identity(model: str) -> dict[str, Any]:
+    """The model path plus a hash of its config.json, so a rebuilt model is a new baseline."""
+    config_json = Path(model) / "config.json"
+    digest = ""
+    if config_json.is_file():
+        digest = hashlib.sha256(config_json.read_bytes()).hexdigest()[:16]
+    return {"model": model, "config_sha256": digest}
+
+
+def hardware(device: str, gpus: list[dict[str, Any]]) -> dict[str, Any]:
+    if device == "cuda":
+        return {"device": "cuda", "gpus": [g.get("name", "?") for g in gpus]}
+    return {
+        "device": "cpu",
+        "cpu": platform.processor() or platform.machine(),
+        "cores": os.cpu_count(),
+    }
+
+
+def public_env(env: dict[str, str]) -> dict[str, str]:
+    return {k: v for k, v in env.items() if not any(h in k.upper() for h in SECRET_ENV_HINTS)}
+
+
+def fingerprint(
+    config: TunerConfig, vllm_version: str | None, hw: dict[str, Any]
+) -> dict[str, Any]:
+    """The comparable facts of a baseline, as a JSON-ready dict."""
+    return {
+        "model": _model_identity(config.server.model),
+        "hardware": hw,
+        "vllm": vllm_version or "unknown",
+        "workload": asdict(config.workload),
+        "fixed_args": dict(sorted(config.server.args.items())),
+        "fixed_env": public_env(dict(sorted(config.server.env.items()))),
+        "slo": asdict(config.slo),
+    }
+
+
+def digest(fp: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(fp, sort_keys=True, default=str).encode()).hexdigest()[:12]

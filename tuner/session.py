@@ -1,0 +1,146 @@
+"""A study session: everything `tuner run` assembles before the first server starts.
+
+It resolves objectives, computes the baseline fingerprint, validates the search space against
+the devices and against vLLM's own parser, takes the study's run lock, and formats the final
+summary. The CLI only composes the config and calls into here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import IO, Any
+
+import yaml
+
+from tuner import search_space
+from tuner.config import TunerConfig
+from tuner.errors import ConfigError, PreflightError
+from tuner.evaluation import Evaluator
+from tuner.fingerprint import fingerprint, hardware, public_env
+from tuner.server import LaunchSpec, make_backend
+from tuner.server.vllm_parser import check_argv, vllm_flags, vllm_version
+from tuner.study import Progress, StudyResult, StudyRunner
+from tuner.telemetry import gpu_count, gpu_inventory
+
+
+@dataclass
+class Session:
+    config: TunerConfig
+    runner: StudyRunner
+    baseline_argv: list[str]
+    device_count: int
+    _lock: IO[str] | None = None
+
+    def preflight(self) -> None:
+        """Checks that cost seconds, not server starts: devices, flags, model, port."""
+        cfg = self.config
+        for group, specs in cfg.search_space.items():
+            search_space.validate_group(group, specs)
+        search_space.validate_against_devices(
+            cfg.search_space, cfg.server.device, self.device_count
+        )
+        python = cfg.server.python or _sys_python()
+        unknown = search_space.unknown_params(cfg.search_space, vllm_flags(python))
+        if unknown:
+            raise ConfigError(
+                f"search_space has params that vLLM does not accept: {', '.join(unknown)}",
+                hint="use vLLM flag names with underscores, e.g. max_num_seqs",
+            )
+        backend = make_backend(cfg.server, LaunchSpec(), Path(os.devnull))
+        backend.preflight()
+        error = check_argv(python, _flag_part(backend.argv(), cfg))
+        if error:
+            raise PreflightError(f"vLLM rejects the fixed server args: {error}")
+        self._take_lock()
+
+    def _take_lock(self) -> None:
+        """One `tuner run` per study folder: a second one would mark the first's trials failed."""
+        paths = self.runner.paths.ensure()
+        handle = (paths.root / ".run.lock").open("w")
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.close()
+            raise ConfigError(
+                f"study {self.config.name!r} is already being run by another tuner process",
+                hint="wait for it to finish, or use another name=",
+            ) from None
+        handle.write(str(os.getpid()))
+        handle.flush()
+        self._lock = handle
+
+    def save_config(self, config: TunerConfig) -> None:
+        """The composed config of the run, without secrets, next to the storage."""
+        data = asdict(config)
+        data["server"]["env"] = public_env(config.server.env)
+        data["server"].pop("api_key", None)
+        if config.study.storage:
+            from tuner.storage import redact_url
+
+            data["study"]["storage"] = redact_url(config.study.storage)
+        self.runner.paths.config_yaml.write_text(yaml.safe_dump(data, sort_keys=False))
+
+    def summary_text(self, result: StudyResult) -> str:
+        ev = self.runner.evaluator
+        lines = [
+            "",
+            f"study {self.config.name}: baseline vs final incumbent ({result.final.source})",
+        ]
+        for i, name in enumerate(ev.names):
+            base, final = result.baseline.values[i], result.final.values[i]
+            change = (final - base) / abs(base) if base not in (0.0,) else float("nan")
+            lines.append(f"  {name:<28} {base:>12.4g} -> {final:>12.4g}  ({change:+.1%})")
+        lines.append(f"  params: {result.final.params or '(vLLM defaults + fixed args)'}")
+        lines += ["decisions:"] + [f"  {d.line()}" for d in result.decisions]
+        for stage, front in result.pareto.items():
+            lines.append(
+                f"Pareto set of stage {stage}: "
+                + (
+                    "; ".join(
+                        f"#{p['trial']} ({p['role']}) {_fmt(p['values'])} {p['params']}"
+                        for p in front
+                    )
+                    or "(no feasible trial)"
+                )
+            )
+        lines.append(f"storage: {self.runner._storage_shown()}")
+        return "\n".join(lines)
+
+    def close(self) -> None:
+        if self._lock is not None:
+            with contextlib.suppress(OSError):
+                fcntl.flock(self._lock, fcntl.LOCK_UN)
+                self._lock.close()
+
+
+def _fmt(values: list[float]) -> str:
+    return "(" + ", ".join(f"{v:.4g}" for v in values) + ")"
+
+
+def _sys_python() -> str:
+    import sys
+
+    return sys.executable
+
+
+def _flag_part(argv: list[str], config: TunerConfig) -> list[str]:
+    """The flags after the launcher (vLLM's parser does not know `python -m ...`)."""
+    return argv[len(config.server.launcher) :]
+
+
+def open_session(config: TunerConfig, rebaseline: bool, progress: Progress) -> Session:
+    device_count = gpu_count() if config.server.device == "cuda" else (os.cpu_count() or 1)
+    gpus = gpu_inventory() if config.server.device == "cuda" else []
+    gpu_model = config.cost.gpu_model or (gpus[0]["name"] if gpus else "")
+    evaluator = Evaluator(config, gpu_model)
+    python = config.server.python or _sys_python()
+    fp: dict[str, Any] = fingerprint(
+        config, vllm_version(python), hardware(config.server.device, gpus)
+    )
+    runner = StudyRunner(config, evaluator, fp, progress, rebaseline=rebaseline)
+    baseline_argv = make_backend(config.server, LaunchSpec(), Path(os.devnull)).argv()
+    return Session(config, runner, baseline_argv, device_count)

@@ -1,0 +1,409 @@
+"""`tuner run`: baseline, staged multi-objective search, acceptance, resume.
+
+Storage layout (one Optuna storage, several studies, all visible in optuna-dashboard):
+
+- ``baseline:<fingerprint>``  the control, measured once per fingerprint and reused
+- ``<name>:<stage>``          one multi-objective study per parameter group; its first trial is
+                              the incumbent with known values (not re-run); decision in user attrs
+- ``<name>:confirm``          interleaved re-measurements of stage winners and incumbents
+
+Everything is derived from the storage on start, so an interrupted run continues where it
+stopped and never re-runs a completed trial.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import optuna
+from optuna.trial import TrialState
+
+from tuner import search_space
+from tuner.acceptance import Decision, decide
+from tuner.config import ParamSpec, TunerConfig
+from tuner.errors import TunerError
+from tuner.evaluation import Evaluated, Evaluator
+from tuner.fingerprint import digest
+from tuner.paths import StudyPaths
+from tuner.sampler import make_sampler
+from tuner.server import LaunchSpec
+from tuner.storage import ATTR_INTERRUPTED, fail_unfinished_trials, open_storage
+from tuner.trial import run_trial
+
+Progress = Callable[[str], None]
+ROLE_BASELINE, ROLE_INCUMBENT, ROLE_SEARCH = "baseline", "incumbent", "search"
+ATTR_DECISION = "decision"
+
+
+@dataclass
+class Stage:
+    name: str
+    specs: dict[str, ParamSpec]
+
+
+@dataclass
+class Incumbent:
+    """The best configuration so far: explicit params on top of the fixed args."""
+
+    params: dict[str, Any]
+    values: list[float]
+    constraints: dict[str, float]
+    source: str
+
+
+@dataclass
+class StudyResult:
+    baseline: Incumbent
+    final: Incumbent
+    decisions: list[Decision] = field(default_factory=list)
+    pareto: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+
+
+class StudyFailedError(TunerError):
+    """The study stopped because trials fail systematically."""
+
+
+def plan_stages(config: TunerConfig) -> list[Stage]:
+    """Stages in the configured order; the joint strategy is one stage over every group."""
+    space = config.search_space
+    names = [s for s in config.study.stages if s in space]
+    if config.study.strategy == "joint":
+        union: dict[str, ParamSpec] = {}
+        for name in names:
+            union.update(space[name])
+        return [Stage("joint", union)] if union else []
+    return [Stage(name, space[name]) for name in names]
+
+
+class StudyRunner:
+    """Runs one study end to end against its storage."""
+
+    def __init__(
+        self,
+        config: TunerConfig,
+        evaluator: Evaluator,
+        fingerprint: dict[str, Any],
+        progress: Progress,
+        rebaseline: bool = False,
+    ) -> None:
+        self.config = config
+        self.evaluator = evaluator
+        self.fingerprint = fingerprint
+        self.say = progress
+        self.rebaseline = rebaseline
+        self.paths = StudyPaths.for_study(config.studies_dir, config.name)
+        self.stages = plan_stages(config)
+        self.all_specs = {p: s for st in self.stages for p, s in st.specs.items()}
+        self._failures: list[str] = []
+        self._consecutive_failures = 0
+        self._ok_count = 0
+
+    @property
+    def storage_url(self) -> str:
+        return self.config.study.storage or self.paths.default_storage_url
+
+    def plan_text(self, baseline_argv: list[str]) -> str:
+        cfg = self.config.study
+        per_stage = cfg.trials_per_stage + 2 * cfg.repeats
+        lines = [
+            f"study {self.config.name}: strategy {cfg.strategy}, storage {self._storage_shown()}",
+            f"objectives: {', '.join(self.evaluator.names)} (select by {self.evaluator.select_by})",
+            f"constraints: {', '.join(self.evaluator.constraint_names)}",
+            f"baseline: {shlex.join(baseline_argv)}",
+        ]
+        for st in self.stages:
+            space = ", ".join(f"{p}: {_spec_text(s)}" for p, s in st.specs.items())
+            lines.append(f"stage {st.name}: {cfg.trials_per_stage} trials over {{{space}}}")
+        lines.append(f"budget: at most {1 + per_stage * len(self.stages)} server launches")
+        return "\n".join(lines)
+
+    def _storage_shown(self) -> str:
+        from tuner.storage import redact_url
+
+        return redact_url(self.storage_url)
+
+    # -- the run -----------------------------------------------------------------------
+    def run(self) -> StudyResult:
+        self.paths.ensure()
+        self.storage = open_storage(self.storage_url)
+        baseline = self._baseline()
+        incumbent, decisions = baseline, []
+        for stage in self.stages:
+            incumbent, decision = self._run_stage(stage, incumbent)
+            decisions.append(decision)
+            self.say(decision.line())
+        pareto = {st.name: self._pareto(st) for st in self.stages}
+        return StudyResult(baseline, incumbent, decisions, pareto)
+
+    def _open(self, name: str, stage: Stage | None = None) -> optuna.Study:
+        sampler = None
+        if stage is not None:
+            sampler = make_sampler(self.config.sampler, stage.specs, self.config.study.seed)
+        study = optuna.create_study(
+            storage=self.storage,
+            study_name=name,
+            directions=self.evaluator.directions,
+            sampler=sampler,
+            load_if_exists=True,
+        )
+        if not study.metric_names:
+            study.set_metric_names(self.evaluator.names)
+        interrupted = fail_unfinished_trials(study)
+        if interrupted:
+            self.say(f"{name}: {interrupted} interrupted trial(s) marked failed; resuming")
+        return study
+
+    # -- baseline ----------------------------------------------------------------------
+    def _baseline(self) -> Incumbent:
+        key = digest(self.fingerprint)
+        study = self._open(f"baseline:{key}")
+        study.set_user_attr("fingerprint", json.loads(json.dumps(self.fingerprint, default=str)))
+        done = [t for t in study.get_trials(states=(TrialState.COMPLETE,)) if _ok(t)]
+        if done and not self.rebaseline:
+            self.say(f"baseline {key}: reusing trial {done[-1].number} (same fingerprint)")
+            return _incumbent_of(done[-1], "baseline")
+        self.say(f"baseline {key}: measuring vLLM with the fixed args only")
+        trial = study.ask()
+        result = self._measure(trial, "baseline", {}, ROLE_BASELINE)
+        self._tell(study, trial, result)
+        if not result.outcome.ok:
+            raise StudyFailedError(
+                f"the baseline failed ({result.outcome.reason}): {result.outcome.message}",
+                hint=f"fix the fixed server args; see {result.outcome.folder}",
+            )
+        return Incumbent({}, result.values, result.constraints, "baseline")
+
+    # -- one trial -----------------------------------------------------------------------
+    def _measure(
+        self, trial: optuna.Trial, label: str, params: dict[str, Any], role: str
+    ) -> Evaluated:
+        launch = search_space.to_launch(params, self.all_specs)
+        trial_id = f"{label}-{trial.number}"
+        prefix = f"[{label} #{trial.number}]"
+        try:
+            outcome = run_trial(
+                self.config,
+                launch,
+                self.paths.trial(trial_id),
+                trial_id,
+                progress=lambda msg: self.say(f"{prefix} {msg}"),
+            )
+        except KeyboardInterrupt:
+            # Every process is already reaped; record why this trial has no result and let
+            # the interrupt end the run (the next `tuner run` re-asks this slot).
+            trial.set_user_attr(ATTR_INTERRUPTED, True)
+            trial.study.tell(trial, state=TrialState.FAIL)
+            self.say(f"{prefix} interrupted: trial marked failed; run the same command to resume")
+            raise
+        result = self.evaluator.evaluate(outcome, params)
+        self._record(trial, result, params, label, role, launch)
+        self._count_failure(result)
+        return result
+
+    def _record(
+        self,
+        trial: optuna.Trial,
+        result: Evaluated,
+        params: dict[str, Any],
+        stage: str,
+        role: str,
+        launch: LaunchSpec,
+    ) -> None:
+        for key, value in result.user_attrs(stage, role, params, launch).items():
+            trial.set_user_attr(key, value)
+        for key, value in result.constraints.items():
+            trial.set_constraint(key, value)
+
+    def _tell(self, study: optuna.Study, trial: optuna.Trial, result: Evaluated) -> None:
+        # A failed server is told as an infeasible COMPLETE trial (with sentinel values and a
+        # violated 'failed' constraint) so the sampler learns to avoid the region; a FAIL
+        # state would be ignored by TPE.
+        study.tell(trial, result.values)
+
+    def _count_failure(self, result: Evaluated) -> None:
+        if result.outcome.ok:
+            self._consecutive_failures = 0
+            self._ok_count += 1
+            return
+        self._failures.append(result.outcome.reason)
+        self._consecutive_failures += 1
+        cfg = self.config.study
+        total = len(self._failures) + self._ok_count
+        if self._consecutive_failures >= cfg.max_consecutive_failures or (
+            len(self._failures) >= 3 and len(self._failures) / total > cfg.max_failure_rate
+        ):
+            reason, count = Counter(self._failures).most_common(1)[0]
+            raise StudyFailedError(
+                f"stopping: {len(self._failures)} trials failed, most often {reason} ({count}x)",
+                hint="narrow the search space or fix the fixed args; the study can be resumed",
+            )
+
+    # -- stages --------------------------------------------------------------------------
+    def _run_stage(self, stage: Stage, incumbent: Incumbent) -> tuple[Incumbent, Decision]:
+        study = self._open(f"{self.config.name}:{stage.name}", stage)
+        if ATTR_DECISION in study.user_attrs:
+            decision = Decision.from_dict(study.user_attrs[ATTR_DECISION])
+            return self._apply(decision, incumbent, stage), decision
+        self._seed_incumbent(study, stage, incumbent)
+        budget = self.config.study.trials_per_stage
+        while (done := len(_search_trials(study))) < budget:
+            self.say(f"stage {stage.name}: trial {done + 1}/{budget}")
+            trial = study.ask()
+            params = {**incumbent.params, **search_space.suggest(trial, stage.specs)}
+            result = self._measure(trial, stage.name, params, ROLE_SEARCH)
+            self._tell(study, trial, result)
+            self._say_best(study, stage)
+        decision = self._confirm(study, stage, incumbent)
+        study.set_user_attr(ATTR_DECISION, _jsonable(decision.to_dict()))
+        return self._apply(decision, incumbent, stage), decision
+
+    def _seed_incumbent(self, study: optuna.Study, stage: Stage, incumbent: Incumbent) -> None:
+        """Add the incumbent as a known first trial: the sampler starts from the control."""
+        if any(t.user_attrs.get("role") == ROLE_INCUMBENT for t in study.get_trials()):
+            return
+        params = {p: v for p, v in incumbent.params.items() if p in stage.specs}
+        dists = search_space.distributions({p: stage.specs[p] for p in params})
+        study.add_trial(
+            optuna.trial.create_trial(
+                values=incumbent.values,
+                params=params,
+                distributions=dists,
+                user_attrs={
+                    "role": ROLE_INCUMBENT,
+                    "source": incumbent.source,
+                    "params_all": _jsonable(incumbent.params),
+                },
+                constraints=incumbent.constraints,
+            )
+        )
+
+    def _say_best(self, study: optuna.Study, stage: Stage) -> None:
+        best = self._winner(study)
+        if best is not None:
+            idx = self.evaluator.select_index
+            self.say(
+                f"stage {stage.name}: best so far trial {best.number}: "
+                f"{self.evaluator.select_by} {best.values[idx]:.4g} {best.params}"
+            )
+
+    def _winner(self, study: optuna.Study) -> optuna.trial.FrozenTrial | None:
+        feasible = [t for t in _search_trials(study) if _feasible(t) and _ok(t)]
+        if not feasible:
+            return None
+        idx, sign = self.evaluator.select_index, self.evaluator.select_sign
+        return max(feasible, key=lambda t: sign * t.values[idx])
+
+    def _confirm(self, study: optuna.Study, stage: Stage, incumbent: Incumbent) -> Decision:
+        """Re-measure winner and incumbent interleaved; accept only beyond the noise."""
+        winner = self._winner(study)
+        idx, sign = self.evaluator.select_index, self.evaluator.select_sign
+        obj, direction = self.evaluator.select_by, self.evaluator.directions[idx]
+        if winner is None or sign * winner.values[idx] <= sign * incumbent.values[idx]:
+            d = decide(stage.name, obj, direction, [], [], False, self.config.study.min_gain)
+            d.reason = "no feasible trial beat the incumbent"
+            return d
+        cand_params = {**incumbent.params, **winner.params}
+        inc_vals, cand_vals, feasible = self._repeats(stage, incumbent, cand_params, winner)
+        decision = decide(
+            stage.name, obj, direction, inc_vals, cand_vals, feasible, self.config.study.min_gain
+        )
+        decision.candidate_trial, decision.candidate_params = winner.number, cand_params
+        return decision
+
+    def _repeats(
+        self,
+        stage: Stage,
+        incumbent: Incumbent,
+        cand_params: dict[str, Any],
+        winner: optuna.trial.FrozenTrial,
+    ) -> tuple[list[float], list[float], bool]:
+        idx = self.evaluator.select_index
+        confirm = self._open(f"{self.config.name}:confirm")
+        inc_vals, cand_vals = [incumbent.values[idx]], [winner.values[idx]]
+        feasible = True
+        for rnd in range(self.config.study.repeats):
+            for role, params, out in (
+                ("incumbent", incumbent.params, inc_vals),
+                ("candidate", cand_params, cand_vals),
+            ):
+                result = self._confirm_run(confirm, stage.name, rnd, role, params)
+                out.append(result.values[idx])
+                if role == "candidate":
+                    feasible = feasible and result.feasible
+        return inc_vals, cand_vals, feasible
+
+    def _confirm_run(
+        self, confirm: optuna.Study, stage: str, rnd: int, role: str, params: dict[str, Any]
+    ) -> Evaluated:
+        tag = f"{stage}/{rnd}/{role}"
+        for t in confirm.get_trials(states=(TrialState.COMPLETE,)):
+            if t.user_attrs.get("confirm_tag") == tag:  # measured before an interrupt
+                return self.evaluator.from_attrs(t)
+        self.say(f"stage {stage}: confirm round {rnd + 1}/{self.config.study.repeats}: {role}")
+        trial = confirm.ask()
+        trial.set_user_attr("confirm_tag", tag)
+        result = self._measure(trial, f"{stage}-confirm", params, role)
+        self._tell(confirm, trial, result)
+        return result
+
+    def _apply(self, decision: Decision, incumbent: Incumbent, stage: Stage) -> Incumbent:
+        if not decision.accepted:
+            return incumbent
+        idx = self.evaluator.select_index
+        values = list(incumbent.values)
+        values[idx] = decision.candidate_mean
+        return Incumbent(
+            dict(decision.candidate_params),
+            values,
+            {},
+            f"{stage.name} trial {decision.candidate_trial}",
+        )
+
+    def _pareto(self, stage: Stage) -> list[dict[str, Any]]:
+        study = optuna.load_study(
+            study_name=f"{self.config.name}:{stage.name}", storage=self.storage
+        )
+        return [
+            {
+                "trial": t.number,
+                "role": t.user_attrs.get("role"),
+                "values": t.values,
+                "params": t.params,
+            }
+            for t in study.best_trials
+        ]
+
+
+def _search_trials(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
+    return [
+        t
+        for t in study.get_trials(states=(TrialState.COMPLETE,))
+        if t.user_attrs.get("role") == ROLE_SEARCH
+    ]
+
+
+def _ok(trial: optuna.trial.FrozenTrial) -> bool:
+    return trial.user_attrs.get("status") == "ok"
+
+
+def _feasible(trial: optuna.trial.FrozenTrial) -> bool:
+    return all(v <= 0 for v in trial.constraints.values())
+
+
+def _incumbent_of(trial: optuna.trial.FrozenTrial, source: str) -> Incumbent:
+    return Incumbent({}, list(trial.values), dict(trial.constraints), source)
+
+
+def _spec_text(spec: ParamSpec) -> str:
+    if spec.choices is not None:
+        return str(list(spec.choices))
+    return f"[{spec.low}, {spec.high}]{' log' if spec.log else ''}"
+
+
+def _jsonable(value: Any) -> Any:
+    return json.loads(json.dumps(value, default=str))
