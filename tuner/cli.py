@@ -111,9 +111,9 @@ def cmd_trial(args: argparse.Namespace) -> int:
     trial_id = args.trial_id or time.strftime("trial-%Y%m%d-%H%M%S")
     paths = study.trial(trial_id)
     backend = make_backend(config.server, LaunchSpec(), paths.server_log)
+    backend.preflight()
     if args.dry_run:
         return _print_plan(config, backend.argv())
-    backend.preflight()
     study.ensure()
     outcome = run_trial(config, LaunchSpec(), paths, trial_id, progress=_say)
     _print_outcome(outcome)
@@ -177,6 +177,59 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_report(args: argparse.Namespace) -> int:
+    """Terminal summary + report.html, PNGs, trials.csv/.parquet under studies/<name>/report/."""
+    from tuner.report import report_command
+
+    _quiet_libraries()
+    return report_command(args.study, args.storage, args.studies_dir, args.out)
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    """The chosen config as vllm-serve.sh, vllm-config.yaml, docker-run.sh, k8s.yaml + evidence."""
+    from tuner.export import export_command
+
+    _quiet_libraries()
+    return export_command(
+        args.study, args.storage, args.studies_dir, args.format, args.trial, args.stage,
+        args.pareto, args.out,
+    )
+
+
+def cmd_dashboard(args: argparse.Namespace) -> int:
+    """optuna-dashboard on 127.0.0.1 for the study's storage and artifacts, until Ctrl-C."""
+    from tuner.dashboard import dashboard_command
+
+    _quiet_libraries()
+    return dashboard_command(args.study, args.storage, args.studies_dir, args.port)
+
+
+def _add_study(p: argparse.ArgumentParser) -> None:
+    p.add_argument("study", help="the study name (name= of `tuner run`)")
+    p.add_argument("--storage", default=None, help="SQLAlchemy URL (default: its SQLite file)")
+    p.add_argument("--studies-dir", type=Path, default=Path("studies"), help="default: studies")
+
+
+def _add_review(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    report = sub.add_parser("report", help="summary, report.html, PNGs, CSV/Parquet of a study")
+    _add_study(report)
+    report.add_argument("--out", type=Path, default=None, help="default: studies/<name>/report")
+    report.set_defaults(func=cmd_report)
+    export = sub.add_parser("export", help="the chosen config as vLLM CLI/YAML, docker, k8s")
+    _add_study(export)
+    export.add_argument("--format", default="all", help="cli, yaml, docker, k8s or all")
+    pick = export.add_mutually_exclusive_group()
+    pick.add_argument("--trial", type=int, default=None, help="this trial number of --stage")
+    pick.add_argument("--pareto", action="store_true", help="every Pareto-optimal trial")
+    export.add_argument("--stage", default=None, help="the stage of --trial (or baseline)")
+    export.add_argument("--out", type=Path, default=None, help="default: studies/<name>/export")
+    export.set_defaults(func=cmd_export)
+    dash = sub.add_parser("dashboard", help="optuna-dashboard on 127.0.0.1 for a study")
+    _add_study(dash)
+    dash.add_argument("--port", type=int, default=8080, help="0 picks a free port")
+    dash.set_defaults(func=cmd_dashboard)
+
+
 def _add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. workload.concurrency=8")
     p.add_argument("--dry-run", action="store_true", help="print the plan, start nothing")
@@ -194,6 +247,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_common(trial)
     trial.add_argument("--trial-id", default=None, help="folder name under trials/")
     trial.set_defaults(func=cmd_trial)
+    _add_review(sub)
     return parser
 
 

@@ -8,6 +8,7 @@ DictConfig. Validation that needs more than a type lives in :meth:`validate` met
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -46,6 +47,8 @@ class ServerConfig:
             raise ConfigError("server.model is not set", hint="pass server.model=/path/to/model")
         if self.device not in ("cpu", "cuda"):
             raise ConfigError(f"server.device must be 'cpu' or 'cuda', got {self.device!r}")
+        if not self.launcher:
+            raise ConfigError("server.launcher is empty", hint="e.g. [vllm, serve, '{model}']")
         if not 0 <= self.port < 65536:
             raise ConfigError(f"server.port must be 0..65535, got {self.port}")
         if self.startup_timeout_s <= 0 or self.stop_grace_s < 0:
@@ -123,6 +126,11 @@ class WorkloadConfig:
             rc.output_tokens.validate(f"workload.classes[{i}].output_tokens")
         if self.processes < 1:
             raise ConfigError(f"workload.processes must be >= 1, got {self.processes}")
+        if self.dataset and not os.path.isfile(self.dataset):
+            raise ConfigError(
+                f"workload.dataset {self.dataset!r} is not a file",
+                hint='give a JSONL file of {"prompt": ...} lines, or leave it unset',
+            )
 
 
 @dataclass
@@ -180,6 +188,23 @@ class StudyConfig:
     max_failure_rate: float = 0.6
     max_consecutive_failures: int = 4
     seed: int = 0
+
+    def validate(self, groups: list[str]) -> None:
+        if self.strategy not in ("staged", "joint"):
+            raise ConfigError(f"study.strategy must be 'staged' or 'joint', got {self.strategy!r}")
+        if self.trials_per_stage < 1 or self.repeats < 0 or self.min_gain < 0:
+            raise ConfigError("study: need trials_per_stage >= 1, repeats >= 0, min_gain >= 0")
+        if not 0 < self.max_failure_rate <= 1 or self.max_consecutive_failures < 1:
+            raise ConfigError(
+                "study: need 0 < max_failure_rate <= 1, max_consecutive_failures >= 1"
+            )
+        missing = [s for s in self.stages if s not in groups]
+        if missing:
+            raise ConfigError(
+                f"study.stages names {', '.join(missing)} but search_space has no such group "
+                f"(groups: {', '.join(groups) or 'none'})",
+                hint="add e.g. search_space=[batching,memory_cpu] or fix study.stages",
+            )
 
 
 @dataclass
@@ -243,6 +268,7 @@ class TunerConfig:
             raise ConfigError(f"name={self.name!r} is not a valid study name")
         self.server.validate()
         self.workload.validate()
+        self.study.validate(sorted(self.search_space))
 
 
 def param_spec(spec: Any, where: str) -> ParamSpec:

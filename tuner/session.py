@@ -23,6 +23,7 @@ from tuner.evaluation import Evaluator
 from tuner.fingerprint import fingerprint, hardware, public_env
 from tuner.server import LaunchSpec, make_backend
 from tuner.server.vllm_parser import check_argv, vllm_flags, vllm_version
+from tuner.storage import check_url
 from tuner.study import Progress, StudyResult, StudyRunner
 from tuner.telemetry import gpu_count, gpu_inventory
 
@@ -38,11 +39,6 @@ class Session:
     def preflight(self) -> None:
         """Checks that cost seconds, not server starts: devices, flags, model, port."""
         cfg = self.config
-        for group, specs in cfg.search_space.items():
-            search_space.validate_group(group, specs)
-        search_space.validate_against_devices(
-            cfg.search_space, cfg.server.device, self.device_count
-        )
         python = cfg.server.python or _sys_python()
         unknown = search_space.unknown_params(cfg.search_space, vllm_flags(python))
         if unknown:
@@ -51,7 +47,6 @@ class Session:
                 hint="use vLLM flag names with underscores, e.g. max_num_seqs",
             )
         backend = make_backend(cfg.server, LaunchSpec(), Path(os.devnull))
-        backend.preflight()
         error = check_argv(python, _flag_part(backend.argv(), cfg))
         if error:
             raise PreflightError(f"vLLM rejects the fixed server args: {error}")
@@ -133,7 +128,12 @@ def _flag_part(argv: list[str], config: TunerConfig) -> list[str]:
 
 
 def open_session(config: TunerConfig, rebaseline: bool, progress: Progress) -> Session:
+    """Everything a run or a dry run needs; cheap checks (search space, devices) happen here."""
     device_count = gpu_count() if config.server.device == "cuda" else (os.cpu_count() or 1)
+    search_space.validate_space(config.search_space)
+    search_space.validate_against_devices(
+        config.search_space, config.server.device, device_count, fixed_args=config.server.args
+    )
     gpus = gpu_inventory() if config.server.device == "cuda" else []
     gpu_model = config.cost.gpu_model or (gpus[0]["name"] if gpus else "")
     evaluator = Evaluator(config, gpu_model)
@@ -142,5 +142,8 @@ def open_session(config: TunerConfig, rebaseline: bool, progress: Progress) -> S
         config, vllm_version(python), hardware(config.server.device, gpus)
     )
     runner = StudyRunner(config, evaluator, fp, progress, rebaseline=rebaseline)
-    baseline_argv = make_backend(config.server, LaunchSpec(), Path(os.devnull)).argv()
+    check_url(runner.storage_url)
+    backend = make_backend(config.server, LaunchSpec(), Path(os.devnull))
+    backend.preflight()  # model folder, port: milliseconds, so even --dry-run checks them
+    baseline_argv = backend.argv()
     return Session(config, runner, baseline_argv, device_count)

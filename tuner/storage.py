@@ -25,8 +25,8 @@ def redact_url(url: str) -> str:
         return "<unparsable storage URL>"
 
 
-def open_storage(url: str) -> optuna.storages.RDBStorage:
-    """Open (and create the schema of) the study database at ``url``."""
+def check_url(url: str) -> None:
+    """A ConfigError unless ``url`` parses as a SQLAlchemy URL (no connection is made)."""
     try:
         make_url(url)
     except (ArgumentError, ValueError) as exc:
@@ -34,6 +34,11 @@ def open_storage(url: str) -> optuna.storages.RDBStorage:
             f"study.storage is not a SQLAlchemy URL: {redact_url(url)}",
             hint="e.g. sqlite:///studies/x/optuna.db or postgresql+psycopg://user@host/db",
         ) from exc
+
+
+def open_storage(url: str) -> optuna.storages.RDBStorage:
+    """Open (and create the schema of) the study database at ``url``."""
+    check_url(url)
     engine_kwargs: dict[str, Any] = {"pool_pre_ping": True}  # survive a restarted database
     try:
         return optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import yaml
 
 from tuner.cli import compose, main
 from tuner.config import ParamSpec, TunerConfig
@@ -34,29 +35,67 @@ def test_every_study_preset_composes(preset: str, tmp_path: Path) -> None:
 )
 def test_every_group_option_composes(group: str, tmp_path: Path) -> None:
     for option in _options(group):
-        override = f"{group}=[{option}]" if group == "search_space" else f"{group}={option}"
-        config = compose([override, f"server.model={tmp_path}"])
+        overrides = [f"{group}={option}", f"server.model={tmp_path}"]
+        if group == "search_space":  # a group file names its stage at the top
+            stage = next(iter(yaml.safe_load((CONF / group / f"{option}.yaml").read_text())))
+            overrides = [f"{group}=[{option}]", f"study.stages=[{stage}]", overrides[1]]
+        config = compose(overrides)
         assert isinstance(config, TunerConfig), (group, option)
 
 
 BAD_INPUT = [
     (["trial", "no_such_key=1"], "no_such_key"),
     (["trial", "workload.concurrency=-1"], "concurrency"),
+    (["trial", "workload.concurrency=abc"], "abc"),
     (["trial", "server.model=/does/not/exist"], "/does/not/exist"),
     (["trial", "workload.mode=sideways"], "workload.mode"),
     (["trial", "server=nope"], "nope"),
     (["trial", "search_space.batching.max_num_seqs.lgo=true"], "lgo"),
+    (["trial", "workload.window_s=0"], "window_s"),
+    (["trial", "workload.mode=open", "workload.burstiness=0"], "burstiness"),
+    (["trial", "workload.mode=open", "workload.rate=0"], "rate"),
+    (["trial", "workload.classes=[]"], "classes"),
+    (["trial", "workload.processes=0"], "processes"),
+    (["trial", "workload.classes.0.api=grpc"], "api"),
+    (["trial", "workload.classes.0.prompt_tokens.kind=zipf"], "zipf"),
+    (["trial", "workload.classes.0.output_tokens.low=0"], "output_tokens"),
+    (["trial", "workload.dataset=/nope.jsonl"], "nope.jsonl"),
+    (["trial", "server.port=70000"], "port"),
+    (["trial", "server.device=tpu"], "tpu"),
+    (["trial", "server.launcher=[]"], "launcher"),
+    (["trial", "server.startup_timeout_s=-5"], "startup_timeout_s"),
+    (["trial", "name=../x"], "name"),
     (["run", "study.storage=notaurl"], "storage"),
+    (["run", "sampler=annealing"], "annealing"),
+    (["run", "objectives.names=[speed]"], "speed"),
+    (["run", "objectives.select_by=speed"], "speed"),
+    (["run", "objectives.constraints=[nope]"], "nope"),
+    (["run", "search_space.batching.max_num_seqs.low=300"], "low"),
+    (["run", "search_space.batching.max_num_seqs.type=complex"], "complex"),
+    (["run", "search_space.memory.block_size.choices=[]"], "choices"),
+    (["run", "search_space=[parallelism]", "study.stages=[parallelism]"], "devices"),
+    (["run", "search_space=[nope]"], "nope"),
+    (["run", "study.strategy=random_walk"], "random_walk"),
+    (["run", "study.trials_per_stage=0"], "trials_per_stage"),
+    (["run", "study.repeats=-1"], "repeats"),
+    (["run", "study.stages=[nope]"], "nope"),
     (["trial", "--no-such-flag"], "no-such-flag"),
     (["nonsense"], "nonsense"),
+    ([], "required"),
 ]
+
+
+def test_the_corpus_is_large_enough() -> None:
+    assert len(BAD_INPUT) >= 30
 
 
 @pytest.mark.parametrize(("argv", "needle"), BAD_INPUT)
 def test_bad_input_is_one_line_and_exit_2(
     argv: list[str], needle: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    rc = main([*argv, f"studies_dir={tmp_path}"] if argv[0] in ("trial", "run") else argv)
+    # --dry-run too: a bad input must be rejected before planning, let alone starting
+    runs = bool(argv) and argv[0] in ("trial", "run")
+    rc = main([*argv, f"studies_dir={tmp_path}", "--dry-run"] if runs else argv)
     err = capsys.readouterr().err.strip()
     assert rc == 2, err
     assert len(err.splitlines()) == 1, err
