@@ -94,6 +94,8 @@ def _quiet_libraries() -> None:
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
+    # We drive the heartbeat ourselves around ask/tell (tuner.storage.Heartbeat).
+    warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used")
 
 
 def _say(message: str) -> None:
@@ -191,8 +193,14 @@ def cmd_export(args: argparse.Namespace) -> int:
 
     _quiet_libraries()
     return export_command(
-        args.study, args.storage, args.studies_dir, args.format, args.trial, args.stage,
-        args.pareto, args.out,
+        args.study,
+        args.storage,
+        args.studies_dir,
+        args.format,
+        args.trial,
+        args.stage,
+        args.pareto,
+        args.out,
     )
 
 

@@ -6,6 +6,8 @@ may replace it. Errors are translated to StorageError with the password hidden.
 
 from __future__ import annotations
 
+import contextlib
+import threading
 from typing import Any
 
 import optuna
@@ -15,6 +17,9 @@ from sqlalchemy.exc import ArgumentError, SQLAlchemyError
 from tuner.errors import ConfigError, StorageError
 
 ATTR_INTERRUPTED = "interrupted"
+# A running trial records a heartbeat; one silent for GRACE_S belongs to a dead worker.
+HEARTBEAT_S = 20
+GRACE_S = 90
 
 
 def redact_url(url: str) -> str:
@@ -41,7 +46,9 @@ def open_storage(url: str) -> optuna.storages.RDBStorage:
     check_url(url)
     engine_kwargs: dict[str, Any] = {"pool_pre_ping": True}  # survive a restarted database
     try:
-        return optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs)
+        return optuna.storages.RDBStorage(
+            url, engine_kwargs=engine_kwargs, heartbeat_interval=HEARTBEAT_S, grace_period=GRACE_S
+        )
     except (SQLAlchemyError, ImportError, ValueError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise StorageError(
@@ -50,15 +57,55 @@ def open_storage(url: str) -> optuna.storages.RDBStorage:
         ) from exc
 
 
-def fail_unfinished_trials(study: optuna.Study) -> int:
+def fail_unfinished_trials(study: optuna.Study, exclusive: bool) -> int:
     """Mark trials left RUNNING by an interrupted or crashed run as FAIL (interrupted).
 
-    One runner per study is assumed (the run lock in studies/<name>/ enforces it), so a RUNNING
-    trial at start-up belongs to a run that is gone.
+    ``exclusive``: this process holds the study's run lock on a local database, so every
+    RUNNING trial belongs to a run that is gone. Otherwise (a shared server such as PostgreSQL,
+    maybe other workers) only trials whose heartbeat went silent for GRACE_S are failed.
     """
-    n = 0
-    for trial in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
-        study._storage.set_trial_user_attr(trial._trial_id, ATTR_INTERRUPTED, True)
-        study._storage.set_trial_state_values(trial._trial_id, optuna.trial.TrialState.FAIL)
-        n += 1
-    return n
+    running = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,))
+    storage = study._storage
+    stale = set(running_ids := [t._trial_id for t in running])
+    rdb = _rdb(storage)
+    if not exclusive and rdb is not None:
+        stale = set(rdb._get_stale_trial_ids(study._study_id)) & set(running_ids)
+    for trial_id in stale:
+        storage.set_trial_user_attr(trial_id, ATTR_INTERRUPTED, True)
+        storage.set_trial_state_values(trial_id, optuna.trial.TrialState.FAIL)
+    return len(stale)
+
+
+def _rdb(storage: object) -> optuna.storages.RDBStorage | None:
+    """The RDB storage behind Optuna's cache wrapper, if any."""
+    inner = getattr(storage, "_backend", storage)
+    return inner if isinstance(inner, optuna.storages.RDBStorage) else None
+
+
+class Heartbeat:
+    """Records a trial's heartbeat every HEARTBEAT_S while a (long) trial runs."""
+
+    def __init__(self, study: optuna.Study, trial_id: int) -> None:
+        self._storage = _rdb(study._storage)
+        self._trial_id = trial_id
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._beat, name="trial-heartbeat", daemon=True)
+
+    def _beat(self) -> None:
+        storage = self._storage
+        assert storage is not None
+        while True:
+            with contextlib.suppress(SQLAlchemyError):  # a database blip must not kill a trial
+                storage.record_heartbeat(self._trial_id)
+            if self._stop.wait(HEARTBEAT_S):
+                return
+
+    def __enter__(self) -> Heartbeat:
+        if self._storage is not None:
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join()

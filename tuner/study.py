@@ -32,7 +32,7 @@ from tuner.fingerprint import digest
 from tuner.paths import StudyPaths
 from tuner.sampler import make_sampler
 from tuner.server import LaunchSpec
-from tuner.storage import ATTR_INTERRUPTED, fail_unfinished_trials, open_storage
+from tuner.storage import ATTR_INTERRUPTED, Heartbeat, fail_unfinished_trials, open_storage
 from tuner.trial import run_trial
 
 Progress = Callable[[str], None]
@@ -107,6 +107,11 @@ class StudyRunner:
     def storage_url(self) -> str:
         return self.config.study.storage or self.paths.default_storage_url
 
+    @property
+    def exclusive(self) -> bool:
+        """A SQLite file under the run lock has no other writer (see fail_unfinished_trials)."""
+        return self.storage_url.startswith("sqlite")
+
     def plan_text(self, baseline_argv: list[str]) -> str:
         cfg = self.config.study
         per_stage = cfg.trials_per_stage + 2 * cfg.repeats
@@ -153,7 +158,7 @@ class StudyRunner:
         )
         if not study.metric_names:
             study.set_metric_names(self.evaluator.names)
-        interrupted = fail_unfinished_trials(study)
+        interrupted = fail_unfinished_trials(study, exclusive=self.exclusive)
         if interrupted:
             self.say(f"{name}: {interrupted} interrupted trial(s) marked failed; resuming")
         return study
@@ -186,13 +191,14 @@ class StudyRunner:
         trial_id = f"{label}-{trial.number}"
         prefix = f"[{label} #{trial.number}]"
         try:
-            outcome = run_trial(
-                self.config,
-                launch,
-                self.paths.trial(trial_id),
-                trial_id,
-                progress=lambda msg: self.say(f"{prefix} {msg}"),
-            )
+            with Heartbeat(trial.study, trial._trial_id):
+                outcome = run_trial(
+                    self.config,
+                    launch,
+                    self.paths.trial(trial_id),
+                    trial_id,
+                    progress=lambda msg: self.say(f"{prefix} {msg}"),
+                )
         except KeyboardInterrupt:
             # Every process is already reaped; record why this trial has no result and let
             # the interrupt end the run (the next `tuner run` re-asks this slot).
