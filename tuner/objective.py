@@ -67,6 +67,9 @@ class ObjectiveContext:
     cpus: int = 0  # CPUs billed on cpu; 0 = cost.cpus, else os.cpu_count()
     energy_j: float | None = None  # GPU energy over `window_s` (NVML); None = not measured
     window_s: float = 0.0  # the window over which energy_j was measured
+    # The quality gate (tuner.quality): per gated metric, (baseline - candidate) - tolerance.
+    # None = the gate does not apply to this trial; {} = it applies but had nothing to compare.
+    quality_excess: dict[str, float] | None = None
 
     @property
     def billed_cpus(self) -> int:

@@ -31,7 +31,7 @@ def _running_trial(url: str) -> tuple[optuna.Study, optuna.Trial]:
 
 
 def test_exclusive_local_run_fails_every_left_over_running_trial(tmp_path: Path) -> None:
-    study, trial = _running_trial(f"sqlite:///{tmp_path / 'o.db'}")
+    study, _trial = _running_trial(f"sqlite:///{tmp_path / 'o.db'}")
     assert st.fail_unfinished_trials(study, exclusive=True) == 1
     frozen = study.trials[0]
     assert frozen.state == optuna.trial.TrialState.FAIL
