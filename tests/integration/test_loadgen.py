@@ -1,0 +1,286 @@
+"""The real locustfile, run by LocustLoadGenerator, against a streaming server with known delays.
+
+Accuracy is asserted against what the fake server really did (it records its own delays), so a
+client that reads streams late (buffering) or mis-times TTFT/ITL fails here.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from tests.fakes import make_tiny_tokenizer
+from tests.fakes.sse_server import FakeConfig, FakeServer
+from tuner.config import LengthDist, RequestClass, WorkloadConfig
+from tuner.errors import ConfigError, LoadGenError
+from tuner.loadgen import LoadResult, LocustLoadGenerator, Target, get_load_generator
+from tuner.records import (
+    ERROR_CONNECTION,
+    ERROR_HTTP,
+    ERROR_STREAM,
+    ERROR_TIMEOUT,
+    RequestRecord,
+    read_records,
+)
+
+pytestmark = pytest.mark.integration
+
+TTFT, ITL, N_OUT = 0.2, 0.02, 16
+KEY, MODEL = "sk-test", "fake-model"
+
+Run = tuple[LoadResult, list[RequestRecord]]
+
+
+@pytest.fixture(scope="module")
+def fake() -> Iterator[FakeServer]:
+    with FakeServer() as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def tok_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
+    real = Path(__file__).resolve().parents[2] / "models" / "tiny-llama"
+    if (real / "tokenizer.json").exists():
+        return str(real)
+    return str(make_tiny_tokenizer(tmp_path_factory.mktemp("tok")))
+
+
+def _workload(**kw: Any) -> WorkloadConfig:
+    out = LengthDist(mean=N_OUT)
+    classes = [
+        RequestClass(name="comp", prompt_tokens=LengthDist(mean=32), output_tokens=out),
+        RequestClass(name="chat", api="chat", prompt_tokens=LengthDist(mean=32), output_tokens=out),
+    ]
+    base: dict[str, Any] = {"classes": classes, "request_timeout_s": 10.0, "seed": 1}
+    return WorkloadConfig(**{**base, "drain_timeout_s": 5.0, **kw})
+
+
+def _run(fake: FakeServer, tok: str, out: Path, workload: WorkloadConfig, key: str = KEY) -> Run:
+    pids: list[int] = []
+    target = Target(base_url=fake.url, api_key=key, model=MODEL, tokenizer=tok)
+    result = LocustLoadGenerator().run(target, workload, out, on_spawn=pids.append)
+    assert pids and result.client_pids == pids
+    for pid in pids:  # the whole client is gone when run() returns
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+    return result, list(read_records(result.records_path))
+
+
+def _locust_count(result: LoadResult) -> int:
+    """How many requests Locust's own CSV counted."""
+    stats = Path(f"{result.locust_csv_prefix}_stats.csv").read_text().splitlines()
+    return int(next(line for line in stats if ",Aggregated," in line).split(",")[2])
+
+
+def _skip_if_starved(fake: FakeServer, ttft: float) -> None:
+    """Timing assertions need CPU headroom: when the fake server itself, which sleeps to
+    absolute deadlines, ran late (another process saturating this machine), the client did too."""
+    late = np.percentile([t.first_token_s for t in fake.timings], 90) - ttft
+    if late > 0.003:
+        pytest.skip(
+            f"machine too busy for timing assertions: the server ran {late * 1000:.1f} ms late"
+        )
+
+
+def _measured_ok(records: list[RequestRecord]) -> list[RequestRecord]:
+    return [r for r in records if r.phase == "measure" and r.ok]
+
+
+@pytest.fixture(scope="module")
+def closed_run(fake: FakeServer, tok_dir: str, tmp_path_factory: pytest.TempPathFactory) -> Run:
+    fake.reset(FakeConfig(ttft_s=TTFT, itl_s=ITL, api_key=KEY, model=MODEL))
+    workload = _workload(mode="closed", concurrency=6, warmup_s=2.0, window_s=8.0)
+    return _run(fake, tok_dir, tmp_path_factory.mktemp("closed"), workload)
+
+
+# ---------------------------------------------------------------------------- accuracy
+def test_closed_loop_ttft_and_itl_are_accurate(closed_run: Run, fake: FakeServer) -> None:
+    _, records = closed_run
+    ok = _measured_ok(records)
+    assert len(ok) >= 80 and all(r.ok for r in records)
+    _skip_if_starved(fake, TTFT)
+    ttft = np.array([r.ttft_s for r in ok])
+    itl = np.concatenate([r.itl_s for r in ok])
+    # What the server really did (it sleeps to absolute deadlines, so it is late only by its
+    # wake-up latency): the reference for the client's error, even on a busy machine.
+    server_ttft = np.array([t.first_token_s for t in fake.timings])
+    server_itl = np.concatenate([t.gaps_s for t in fake.timings])
+    assert abs(np.median(server_ttft) - TTFT) < 0.002 and abs(np.median(server_itl) - ITL) < 0.001
+    for q in (50, 90):
+        error = np.percentile(ttft, q) - np.percentile(server_ttft, q)
+        assert 0 <= error < 0.005, f"TTFT P{q} off by {error * 1000:.2f} ms"
+    assert abs(np.median(ttft) - TTFT) < 0.005
+    assert abs(np.median(itl) - ITL) < 0.002
+    assert {len(r.itl_s) for r in ok} == {N_OUT - 1}
+    assert {r.output_tokens for r in ok} == {N_OUT} and all(r.prompt_tokens for r in ok)
+    e2e = np.array([r.e2e_s for r in ok])
+    assert abs(np.median(e2e) - (TTFT + (N_OUT - 1) * ITL)) < 0.006
+
+
+def test_both_apis_are_measured_alike(closed_run: Run) -> None:
+    ok = _measured_ok(closed_run[1])
+    for api in ("completions", "chat"):  # chat's role-only chunk must not count as a token
+        ttft = [r.ttft_s or 0.0 for r in ok if r.api == api]
+        assert len(ttft) >= 20 and abs(np.median(ttft) - TTFT) < 0.005
+
+
+def test_warmup_is_tagged_and_the_window_drains(closed_run: Run) -> None:
+    result, records = closed_run
+    warm = [r for r in records if r.phase == "warmup"]
+    measured = [r for r in records if r.phase == "measure"]
+    assert warm and all(r.sent_at < result.window_start for r in warm)
+    assert all(result.window_start <= r.sent_at <= result.window_end for r in measured)
+    assert result.window_s == pytest.approx(8.0, abs=0.05)
+    assert (result.measured_requests, result.warmup_requests) == (len(measured), len(warm))
+    # Requests started in the window all finished, including those that ran past its end.
+    assert all(r.ok and r.finished_at is not None for r in measured)
+    assert sum(r.finished_at > result.window_end for r in measured if r.finished_at) >= 1
+    # Closed loop: 6 users each back-to-back for 8 s at ~0.5 s per request.
+    assert 0.9 * 6 * 8 / 0.5 <= len(measured) <= 6 * 8 / 0.5 + 6
+
+
+def test_locust_artifacts_are_written(closed_run: Run) -> None:
+    result, records = closed_run
+    assert result.returncode == 0 and result.html_path and result.html_path.exists()
+    assert result.locust_csv_prefix is not None
+    assert _locust_count(result) == len(records)  # one Locust request per record
+
+
+def test_open_loop_reaches_the_asked_rate(fake: FakeServer, tok_dir: str, tmp_path: Path) -> None:
+    fake.reset(FakeConfig(ttft_s=TTFT, itl_s=ITL, api_key=KEY, model=MODEL))
+    workload = _workload(mode="open", rate=20.0, burstiness=1.0, warmup_s=1.0, window_s=10.0)
+    result, records = _run(fake, tok_dir, tmp_path, workload)
+    _skip_if_starved(fake, TTFT)
+    measured = [r for r in records if r.phase == "measure"]
+    assert all(r.ok for r in measured)
+    offered = len(measured) / result.window_s
+    assert offered == pytest.approx(20.0, rel=0.05)
+    sent = np.sort([r.sent_at for r in measured])
+    assert (len(sent) - 1) / (sent[-1] - sent[0]) == pytest.approx(20.0, rel=0.05)
+    lag = np.array([r.sent_at - r.scheduled_at for r in measured])
+    assert lag.min() >= 0 and np.median(lag) < 0.005 and np.percentile(lag, 90) < 0.02
+    assert abs(np.median([r.ttft_s for r in measured]) - TTFT) < 0.005
+
+
+def test_several_client_processes(fake: FakeServer, tok_dir: str, tmp_path: Path) -> None:
+    fake.reset(FakeConfig(ttft_s=TTFT, itl_s=ITL, api_key=KEY, model=MODEL))
+    workload = _workload(mode="closed", concurrency=4, warmup_s=1.0, window_s=3.0, processes=2)
+    result, records = _run(fake, tok_dir, tmp_path, workload)
+    assert len(result.client_pids) == 3 and result.returncode == 0  # a master, two workers
+    assert {r.request_id.split("-")[0] for r in records} == {str(p) for p in result.client_pids[1:]}
+    measured = _measured_ok(records)
+    assert all(r.ok for r in records) and 0.8 * 4 * 3 / 0.5 <= len(measured) <= 4 * 3 / 0.5 + 4
+    assert abs(np.median([r.ttft_s or 0.0 for r in measured]) - TTFT) < 0.005
+    assert _locust_count(result) == len(records)  # the workers' final reports reached the master
+
+
+# ---------------------------------------------------------------------------- errors
+def test_errors_are_classified_and_not_latency_samples(
+    fake: FakeServer, tok_dir: str, tmp_path: Path
+) -> None:
+    fake.reset(FakeConfig(ttft_s=0.05, itl_s=0.01, api_key=KEY, fail_every=4, drop_every=5))
+    workload = _workload(mode="closed", concurrency=4, warmup_s=0.0, window_s=3.0)
+    _, records = _run(fake, tok_dir, tmp_path, workload)
+    kinds = [r.error_kind for r in records]
+    assert kinds.count(ERROR_HTTP) >= 5 and kinds.count(ERROR_STREAM) >= 5
+    assert all(r.status == 503 for r in records if r.error_kind == ERROR_HTTP)
+    assert all(r.status == 200 for r in records if r.error_kind == ERROR_STREAM)
+    for r in records:
+        assert r.ok == (r.error_kind == "")
+        if not r.ok:
+            assert r.error and r.ttft_s is None and r.e2e_s is None and r.itl_s == []
+    ok = [r for r in records if r.ok]
+    assert len(ok) >= 20 and abs(np.median([r.ttft_s for r in ok]) - 0.05) < 0.005
+
+
+def test_slow_answers_time_out(fake: FakeServer, tok_dir: str, tmp_path: Path) -> None:
+    fake.reset(FakeConfig(ttft_s=2.0, itl_s=0.01, api_key=KEY))
+    workload = _workload(
+        mode="closed", concurrency=2, warmup_s=0.0, window_s=1.2, request_timeout_s=0.5
+    )
+    _, records = _run(fake, tok_dir, tmp_path, workload)
+    assert len(records) >= 4 and {r.error_kind for r in records} == {ERROR_TIMEOUT}
+    assert all(r.status == 200 and r.ttft_s is None for r in records)  # headers came, no token
+
+
+def test_refused_connections_are_connection_errors(tok_dir: str, tmp_path: Path) -> None:
+    with FakeServer() as gone:
+        url = gone.url  # a port that was just free: nothing listens there any more
+    workload = _workload(mode="closed", concurrency=2, warmup_s=0.0, window_s=3.0, max_requests=10)
+    target = Target(base_url=url, api_key=None, model=MODEL, tokenizer=tok_dir)
+    result = LocustLoadGenerator().run(target, workload, tmp_path)
+    records = list(read_records(result.records_path))
+    assert len(records) == 10 and {r.error_kind for r in records} == {ERROR_CONNECTION}
+    assert all(r.status == 0 for r in records)
+
+
+def test_wrong_api_key_gives_http_401(
+    fake: FakeServer, tok_dir: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fake.reset(FakeConfig(api_key=KEY))
+    workload = _workload(mode="closed", concurrency=2, warmup_s=0.0, window_s=5.0, max_requests=20)
+    monkeypatch.chdir(tmp_path)  # a relative trial folder works too
+    result, records = _run(fake, tok_dir, Path("trial"), workload, key="sk-wrong")
+    assert result.html_path and result.html_path.resolve().parent == tmp_path / "trial"
+    assert result.measured_requests == 20 == len(records)  # max_requests ends the window
+    assert {(r.error_kind, r.status) for r in records} == {(ERROR_HTTP, 401)}
+    assert result.window_s < 5.0
+
+
+# ---------------------------------------------------------------------------- client failures
+def test_a_crashing_locustfile_raises_loadgen_error(tok_dir: str, tmp_path: Path) -> None:
+    bad = tmp_path / "bad_locustfile.py"
+    bad.write_text("raise RuntimeError('locustfile exploded')\n")
+    target = Target("http://127.0.0.1:9", None, MODEL, tok_dir)
+    with pytest.raises(LoadGenError, match="locustfile exploded"):
+        LocustLoadGenerator(locustfile=bad).run(target, _workload(window_s=1.0), tmp_path / "o")
+
+
+def test_a_hung_client_is_killed_at_the_deadline(tok_dir: str, tmp_path: Path) -> None:
+    hung = tmp_path / "hung_locustfile.py"
+    hung.write_text("import time\ntime.sleep(120)\n")
+    pids: list[int] = []
+    workload = _workload(warmup_s=0.0, window_s=1.0, drain_timeout_s=0.0)
+    gen = LocustLoadGenerator(locustfile=hung, slack_s=1.0)
+    with pytest.raises(LoadGenError, match="did not finish"):
+        gen.run(Target("http://127.0.0.1:9", None, MODEL, tok_dir), workload, tmp_path, pids.append)
+    with pytest.raises(ProcessLookupError):
+        os.kill(pids[0], 0)
+
+
+def test_a_killed_run_keeps_its_finished_records(
+    fake: FakeServer, tok_dir: str, tmp_path: Path
+) -> None:
+    fake.reset(FakeConfig(ttft_s=0.05, itl_s=0.01, api_key=KEY))
+    workload = _workload(mode="closed", concurrency=2, warmup_s=0.0, window_s=30.0)
+    run_s = workload.warmup_s + workload.window_s + workload.drain_timeout_s
+    gen = LocustLoadGenerator(slack_s=5.0 - run_s)  # the deadline falls 5 s into the window
+    target = Target(fake.url, KEY, MODEL, tok_dir)
+    with pytest.raises(LoadGenError, match="did not finish"):
+        gen.run(target, workload, tmp_path)
+    records = list(read_records(tmp_path / "requests.jsonl"))
+    assert len(records) >= 10 and all(r.ok for r in records)
+
+
+# ---------------------------------------------------------------------------- wiring
+def test_registry_and_command_line(tmp_path: Path) -> None:
+    assert get_load_generator("locust") is LocustLoadGenerator
+    with pytest.raises(ConfigError, match="unknown load generator 'nope'") as err:
+        get_load_generator("nope")
+    assert "known load generators: locust" in err.value.one_line()
+    target = Target("http://127.0.0.1:8000/", "k", MODEL, "tok")
+    argv = LocustLoadGenerator().argv(target, _workload(mode="open", processes=3), tmp_path)
+    assert argv[argv.index("--processes") + 1] == "3" and argv[-1] == "OpenLoopUser"
+    assert argv[argv.index("-u") + 1] == "3" and argv[argv.index("--host") + 1].endswith("8000")
+
+
+def test_the_parent_never_imports_locust() -> None:
+    code = "import sys, tuner.loadgen; sys.exit('locust' in sys.modules or 'gevent' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0

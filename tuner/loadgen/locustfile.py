@@ -1,0 +1,428 @@
+"""The Locust file that tuner runs in its own subprocess (see tuner.loadgen.locust).
+
+Settings come from the JSON file named by ``TUNER_LOADGEN_SPEC``; the prompts from the plan
+file it names. Every request is written as one raw record (tuner.records) to a per-process JSONL
+file, flushed line by line; all statistics are computed from those, never from Locust's own
+(shared/notes/load-testing.md). Locust's CSV/HTML stay meaningful as human artifacts because each
+request's response time is set to our E2E latency.
+
+Timeline of one process: t0 (test start) → warm-up (``warmup_s``) → window (``window_s``, or until
+``max_requests`` measured requests have started) → stop issuing → drain (requests already
+started finish, up to ``drain_timeout_s``; stragglers are recorded as cut off) → quit.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+import gevent
+import requests
+from gevent.event import Event
+from gevent.pool import Group
+from locust import HttpUser, constant, events, task
+from locust import stats as locust_stats
+from locust.env import Environment
+from locust.exception import StopUser
+from locust.runners import MasterRunner, WorkerRunner
+from requests.adapters import HTTPAdapter
+from urllib3.exceptions import ReadTimeoutError
+
+from tuner.loadgen.workload import arrival_gaps
+from tuner.records import (
+    ERROR_CONNECTION,
+    ERROR_HTTP,
+    ERROR_STREAM,
+    ERROR_TIMEOUT,
+    PHASE_MEASURE,
+    PHASE_WARMUP,
+    RequestRecord,
+)
+
+SPEC: dict[str, Any] = json.loads(Path(os.environ["TUNER_LOADGEN_SPEC"]).read_text())
+PLAN: list[dict[str, Any]] = [
+    json.loads(line) for line in Path(SPEC["plan"]).read_text().splitlines() if line.strip()
+]
+ERROR_TEXT_MAX = 500
+CLIENT_BUG_EXIT = 3  # Locust's exit code when this file itself failed on a request
+REFUSED_BACKOFF_S = 0.1  # a dead server refuses instantly: do not spin out thousands of records
+# What a broken or malformed answer raises while we read it (bad JSON, odd shapes, cut streams).
+_MALFORMED = (requests.exceptions.RequestException, ValueError, TypeError, KeyError, AttributeError)
+
+
+class _Deadline(Exception):
+    """The request ran past request_timeout_s (raised by a gevent.Timeout)."""
+
+
+@dataclass
+class RunState:
+    """Per-process run state. Greenlets switch only at I/O, so plain counters are safe."""
+
+    t0_perf: float
+    t0_wall: float
+    pid: int
+    worker_index: int
+    records: IO[str]
+    quota: int  # measured requests this process may start; 0 = no limit
+    next_plan: int = 0
+    plan_start: int = 0
+    started: dict[str, int] = field(default_factory=lambda: {PHASE_WARMUP: 0, PHASE_MEASURE: 0})
+    in_flight: dict[str, RequestRecord] = field(default_factory=dict)
+    stopped: Event = field(default_factory=Event)
+    stopped_at: float | None = None
+    seq: int = 0
+
+    def wall(self, perf: float) -> float:
+        """One time base for all instants: wall clock anchored once, advanced monotonically."""
+        return self.t0_wall + (perf - self.t0_perf)
+
+    @property
+    def stop_perf(self) -> float:
+        return self.t0_perf + SPEC["warmup_s"] + SPEC["window_s"]
+
+    def claim(self) -> str | None:
+        """The phase of a request sent now, or None once the window is over."""
+        now = time.perf_counter()
+        if self.stopped.is_set() or now >= self.stop_perf:
+            self.stop(now)
+            return None
+        phase = PHASE_WARMUP if now < self.t0_perf + SPEC["warmup_s"] else PHASE_MEASURE
+        self.started[phase] += 1
+        if phase == PHASE_MEASURE and self.quota and self.started[phase] >= self.quota:
+            self.stop(now)  # this one is the last measured request
+        return phase
+
+    def stop(self, now: float) -> None:
+        if not self.stopped.is_set():
+            self.stopped_at = self.wall(min(now, self.stop_perf))
+            self.stopped.set()
+
+    def next_entry(self) -> dict[str, Any]:
+        entry = PLAN[self.next_plan % len(PLAN)]
+        self.next_plan += 1
+        return entry
+
+    def open_record(self, entry: dict[str, Any], phase: str, sched: float | None) -> RequestRecord:
+        """A record for a request about to be sent, tracked until it is written."""
+        self.seq += 1
+        rec = RequestRecord(
+            request_id=f"{self.pid}-{self.seq}",
+            request_class=entry["request_class"],
+            api=entry["api"],
+            phase=phase,
+            scheduled_at=0.0 if sched is None else self.wall(sched),
+            sent_at=0.0,
+            ok=True,
+            max_tokens=entry["max_tokens"],
+        )
+        self.in_flight[rec.request_id] = rec
+        return rec
+
+    def write(self, rec: RequestRecord) -> None:
+        """Write a record once (a straggler may already have been written as cut off)."""
+        if self.in_flight.pop(rec.request_id, None) is not None:
+            self.records.write(rec.to_json() + "\n")
+            self.records.flush()
+
+    def write_info(self, **extra: Any) -> None:
+        info: dict[str, Any] = {"pid": self.pid, "worker_index": self.worker_index}
+        info.update(t0=self.t0_wall, started=self.started, stopped_at=self.stopped_at, **extra)
+        info["prompts_reused"] = max(0, self.next_plan - self.plan_start - len(PLAN))
+        path = Path(f"{SPEC['records_prefix']}-{self.pid}.run.json")
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(info))
+        tmp.replace(path)
+
+
+STATE: RunState | None = None
+DONE_MESSAGE = "tuner_worker_done"
+_DONE_WORKERS: set[str] = set()  # in the master of --processes
+
+
+def _state() -> RunState:
+    assert STATE is not None, "test_start has not run in this process"
+    return STATE
+
+
+# ---------------------------------------------------------------------------- one request
+def _body(entry: dict[str, Any]) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "model": SPEC["model"],
+        "max_tokens": entry["max_tokens"],
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "ignore_eos": True,  # random-weight and real models alike: the asked length, always
+    }
+    if entry["api"] == "chat":
+        body["messages"] = entry["messages"]
+    else:
+        body["prompt"] = entry["prompt"]
+    return body
+
+
+def _prepare(session: requests.Session, entry: dict[str, Any]) -> requests.PreparedRequest:
+    """The HTTP request for a plan entry. Built before the clock starts: client work, not
+    latency. (requests' own prepare: HttpSession's override needs state its request() sets.)"""
+    path = "/v1/chat/completions" if entry["api"] == "chat" else "/v1/completions"
+    headers = {"Content-Type": "application/json"}
+    if key := os.environ.get("TUNER_LOADGEN_API_KEY"):
+        headers["Authorization"] = f"Bearer {key}"
+    body = json.dumps(_body(entry)).encode()
+    request = requests.Request("POST", SPEC["base_url"] + path, data=body, headers=headers)
+    return requests.Session.prepare_request(session, request)
+
+
+_CHAT_OUTPUT_KEYS = ("content", "reasoning_content", "reasoning")
+
+
+def _is_token_event(event: dict[str, Any], chat: bool) -> bool:
+    """Whether an SSE event carries generated output (as `vllm bench serve` counts them)."""
+    choices = event.get("choices") or []
+    if not choices:
+        return False  # the usage chunk
+    if not chat:
+        return isinstance(choices[0].get("text"), str)
+    delta = choices[0].get("delta") or {}
+    if "role" in delta and not any(delta.get(k) for k in _CHAT_OUTPUT_KEYS):
+        return False  # vLLM's role-only first chat chunk
+    return any(isinstance(delta.get(k), str) for k in _CHAT_OUTPUT_KEYS)
+
+
+def _read_stream(resp: Any, rec: RequestRecord, t_send: float, chat: bool) -> None:
+    """Fill timing and usage fields from the SSE stream; raise on a malformed stream."""
+    last: float | None = None
+    done = False
+    for raw in resp.iter_lines():
+        if not raw or raw.startswith(b":") or not raw.startswith(b"data:"):
+            continue  # blank separators, `: keep-alive` comments, other SSE fields
+        data = raw[5:].strip()
+        if data == b"[DONE]" or done:
+            # Read on to the end of the body: a response closed unread also closes its
+            # connection, and the next request would pay for a new one inside its TTFT.
+            done = True
+            continue
+        event = json.loads(data)
+        if "error" in event and not event.get("choices"):
+            raise ValueError(f"error event: {json.dumps(event['error'])[:ERROR_TEXT_MAX]}")
+        if usage := event.get("usage"):
+            rec.prompt_tokens = usage.get("prompt_tokens")
+            rec.output_tokens = usage.get("completion_tokens")
+        if _is_token_event(event, chat):
+            now = time.perf_counter()
+            if last is None:
+                rec.ttft_s = now - t_send
+            else:
+                rec.itl_s.append(now - last)
+            last = now
+    if not done or last is None:
+        raise ValueError("stream ended without [DONE]" if not done else "no token in the stream")
+    rec.e2e_s = last - t_send
+
+
+def _fail(rec: RequestRecord, kind: str, error: str) -> None:
+    rec.ok = False
+    rec.error_kind = kind
+    rec.error = error[:ERROR_TEXT_MAX]
+    rec.ttft_s = rec.e2e_s = None
+    rec.itl_s = []
+
+
+def _consume(resp: requests.Response, rec: RequestRecord, t_send: float, chat: bool) -> None:
+    """Read the answer and classify a failure (the caller bounds the total time)."""
+    rec.status = resp.status_code
+    try:
+        if rec.status != 200:
+            _fail(rec, ERROR_HTTP, f"HTTP {rec.status}: {resp.content.decode('utf-8', 'replace')}")
+            return
+        _read_stream(resp, rec, t_send, chat)
+    except requests.exceptions.ConnectionError as exc:
+        timeout = isinstance(exc.args[0] if exc.args else None, ReadTimeoutError)
+        _fail(rec, ERROR_TIMEOUT if timeout else ERROR_STREAM, f"after HTTP {rec.status}: {exc!r}")
+    except _MALFORMED as exc:
+        _fail(rec, ERROR_STREAM, f"after HTTP {rec.status}: {exc!r}")
+
+
+def _exchange(
+    session: requests.Session, prepared: requests.PreparedRequest, rec: RequestRecord, chat: bool
+) -> float:
+    """Send, stream, fill ``rec``; return the send instant (perf_counter)."""
+    timeout = SPEC["request_timeout_s"]
+    t_send = time.perf_counter()
+    rec.sent_at = _state().wall(t_send)
+    rec.scheduled_at = rec.scheduled_at or rec.sent_at  # closed loop: sent when scheduled
+    try:
+        with gevent.Timeout(timeout, _Deadline()):
+            resp = session.send(prepared, stream=True, timeout=(timeout, timeout))
+            try:
+                _consume(resp, rec, t_send, chat)
+            finally:
+                resp.close()
+    except _Deadline:
+        _fail(rec, ERROR_TIMEOUT, f"no complete answer within {timeout} s")
+    except requests.exceptions.Timeout as exc:
+        _fail(rec, ERROR_TIMEOUT, repr(exc))
+    except requests.exceptions.RequestException as exc:
+        # refused/reset/disconnected before any response: may be a client artifact (keep-alive)
+        _fail(rec, ERROR_CONNECTION, repr(exc))
+    return t_send
+
+
+def _fire_locust_event(user: HttpUser, rec: RequestRecord, t_send: float) -> None:
+    """Our E2E (or time to failure) as Locust's response time, so its CSV/HTML mean something."""
+    elapsed = rec.e2e_s if rec.ok and rec.e2e_s is not None else time.perf_counter() - t_send
+    user.environment.events.request.fire(
+        request_type="POST",
+        name=f"{rec.api}:{rec.request_class}",
+        response_time=elapsed * 1000.0,
+        response_length=rec.output_tokens or 0,
+        exception=None if rec.ok else RuntimeError(f"{rec.error_kind}: {rec.error[:80]}"),
+        context={},
+        start_time=rec.sent_at,
+    )
+
+
+def send_one(
+    user: HttpUser, entry: dict[str, Any], phase: str, sched: float | None
+) -> RequestRecord:
+    """Send one planned request, stream the answer, write its record."""
+    state = _state()
+    prepared = _prepare(user.client, entry)
+    rec = state.open_record(entry, phase, sched)
+    try:
+        t_send = _exchange(user.client, prepared, rec, entry["api"] == "chat")
+    except Exception as exc:  # a bug here, not a server failure: record it, fail the run
+        _fail(rec, ERROR_STREAM, f"client error: {exc!r}")
+        state.write(rec)
+        user.environment.process_exit_code = CLIENT_BUG_EXIT
+        raise
+    _fire_locust_event(user, rec, t_send)
+    state.write(rec)
+    return rec
+
+
+# ---------------------------------------------------------------------------- users
+class _ServerUser(HttpUser):
+    abstract = True
+    wait_time = constant(0)
+
+    def on_start(self) -> None:
+        # Environment proxies/netrc would be looked up on every request (client overhead that
+        # lands in TTFT) and could route around the server under test: talk to it directly.
+        self.client.trust_env = False
+
+
+class ClosedLoopUser(_ServerUser):
+    """One of ``concurrency`` users; each sends its next request when the previous ends."""
+
+    @task
+    def one_request(self) -> None:
+        state = _state()
+        phase = state.claim()
+        if phase is None:
+            raise StopUser()
+        if send_one(self, state.next_entry(), phase, None).error_kind == ERROR_CONNECTION:
+            gevent.sleep(REFUSED_BACKOFF_S)
+
+
+class OpenLoopUser(_ServerUser):
+    """The dispatcher of one process: a greenlet per arrival, so a slow server cannot lower the
+    offered load. ``scheduled_at`` vs ``sent_at`` shows a lagging client."""
+
+    def on_start(self) -> None:
+        super().on_start()
+        # Many concurrent streams share this user's session: one pooled connection each.
+        adapter = HTTPAdapter(pool_connections=1, pool_maxsize=4096, max_retries=0)
+        self.client.mount("http://", adapter)
+        self.client.mount("https://", adapter)
+
+    @task
+    def dispatch(self) -> None:
+        state = _state()
+        rate = SPEC["rate"] / SPEC["processes"]
+        gaps = arrival_gaps(rate, SPEC["burstiness"], SPEC["seed"] * 1000 + state.worker_index)
+        group = Group()
+        t_sched = state.t0_perf
+        for gap in gaps:
+            t_sched += gap
+            if t_sched >= state.stop_perf or state.stopped.is_set():
+                break
+            gevent.sleep(max(0.0, t_sched - time.perf_counter()))
+            phase = state.claim()
+            if phase is None:
+                break
+            group.spawn(send_one, self, state.next_entry(), phase, t_sched)
+        group.join()  # the window's end is set by the control greenlet, at the exact time
+        raise StopUser()
+
+
+# ---------------------------------------------------------------------------- run control
+def _cut_off(state: RunState) -> int:
+    """Record requests still running at the drain deadline, so none silently vanish."""
+    stragglers = list(state.in_flight.values())
+    for rec in stragglers:
+        _fail(rec, ERROR_TIMEOUT, "cut off: still running at the drain deadline")
+        state.write(rec)
+    return len(stragglers)
+
+
+def _control(environment: Environment) -> None:
+    """Stop issuing at the end of the window, drain, then end this process's run."""
+    state = _state()
+    state.stopped.wait(timeout=max(0.0, state.stop_perf - time.perf_counter()))
+    state.stop(time.perf_counter())
+    drain_end = time.perf_counter() + SPEC["drain_timeout_s"]
+    while state.in_flight and time.perf_counter() < drain_end:
+        gevent.sleep(0.02)
+    cut = _cut_off(state)
+    state.write_info(cut_off=cut, finished=True)
+    state.records.close()
+    environment.stop_timeout = 0  # drained already: do not wait again for killed stragglers
+    if isinstance(environment.runner, WorkerRunner):
+        # A worker that quit alone would have its users moved to the others by the master:
+        # tell the master instead, which ends the run once every worker is done. Final stats
+        # first, on the same channel, so the master's CSV/HTML count every request.
+        environment.runner._send_stats()
+        environment.runner.send_message(DONE_MESSAGE, {"pid": os.getpid()})
+    elif environment.runner is not None:
+        environment.runner.quit()
+
+
+def _on_worker_done(environment: Environment, msg: Any, **_kw: Any) -> None:
+    _DONE_WORKERS.add(msg.node_id)
+    if len(_DONE_WORKERS) >= SPEC["processes"] and environment.runner is not None:
+        gevent.spawn(environment.runner.quit)  # not from the message loop it would kill
+
+
+@events.init.add_listener
+def _on_init(environment: Environment, **_kw: Any) -> None:
+    if isinstance(environment.runner, MasterRunner):
+        environment.runner.register_message(DONE_MESSAGE, _on_worker_done)
+
+
+@events.test_start.add_listener
+def _on_test_start(environment: Environment, **_kw: Any) -> None:
+    global STATE
+    if isinstance(environment.runner, MasterRunner) or STATE is not None:
+        return  # the master of --processes sends no requests
+    pid = os.getpid()
+    index = max(0, getattr(environment.runner, "worker_index", 0))
+    share = math.ceil(SPEC["max_requests"] / SPEC["processes"]) if SPEC["max_requests"] else 0
+    records = open(f"{SPEC['records_prefix']}-{pid}.jsonl", "a", encoding="utf-8")  # noqa: SIM115
+    STATE = RunState(time.perf_counter(), time.time(), pid, index, records, share)
+    STATE.next_plan = STATE.plan_start = index * (len(PLAN) // SPEC["processes"])
+    STATE.write_info(finished=False)
+    gevent.spawn(_control, environment)
+
+
+@events.quitting.add_listener
+def _on_quitting(environment: Environment, **_kw: Any) -> None:
+    # Locust rewrites its CSV once a second and not at exit: wait for one more pass so the file
+    # counts every request (the master's copy, which has the workers' final reports).
+    csv = getattr(environment.parsed_options, "csv_prefix", None)
+    if csv and not isinstance(environment.runner, WorkerRunner):
+        gevent.sleep(locust_stats.CSV_STATS_INTERVAL_SEC + 0.2)

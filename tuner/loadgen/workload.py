@@ -1,0 +1,293 @@
+"""Workload generation: the request plan (prompts, output lengths, classes) and arrival gaps.
+
+The plan is built once in the parent process, deterministically from ``workload.seed``, and
+written as JSONL for the Locust subprocess, which only replays it. Prompts are synthesized to an
+exact token count with the model's own tokenizer, like vLLM's random dataset: random non-special
+token ids are decoded, re-encoded, and trimmed or extended until the encoding has the target
+length. The count is of the prompt text alone (``add_special_tokens=False``); the server adds
+its BOS token or chat template on top, and reports the true count in ``usage.prompt_tokens``.
+
+Length distributions are parametrized by ``mean`` and ``std`` for every kind (uniform spans
+mean ± √3·std; lognormal has that mean and std), then limited to ``[low, high]``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterator, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from tuner.config import LengthDist, RequestClass, WorkloadConfig
+from tuner.errors import ConfigError
+
+MIN_PLAN_SIZE = 512
+MAX_PLAN_SIZE = 8192  # ~1 ms per prompt to synthesize; plans are memoized per process
+CLOSED_LOOP_REQ_PER_USER_S = 2.0  # plan for requests as short as 0.5 s end to end
+_SYNTH_ROUNDS = 16  # decode/re-encode rounds before accepting the closest prompt
+_POOL_CANDIDATES = 32768  # vocab ids examined for the token pool (bounds the cost on big vocabs)
+_MIN_WORD_POOL = 32
+
+# Independent random streams from one seed, so adding a class does not reshuffle the arrivals.
+_STREAM_CLASSES, _STREAM_LENGTHS, _STREAM_PROMPTS, _STREAM_DATASET = 1, 2, 3, 4
+
+
+@dataclass
+class PlannedRequest:
+    """One request the client will send; exactly one of ``prompt``/``messages`` is set."""
+
+    request_class: str
+    api: str  # completions | chat
+    max_tokens: int
+    prompt_tokens_target: int
+    prompt: str | None = None
+    messages: list[dict[str, str]] | None = None
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), separators=(",", ":"))
+
+
+def _rng(seed: int, stream: int) -> np.random.Generator:
+    return np.random.default_rng([seed, stream])
+
+
+# ---------------------------------------------------------------------------- distributions
+def sample_lengths(dist: LengthDist, n: int, rng: np.random.Generator) -> np.ndarray:
+    """``n`` integer token lengths drawn from ``dist``, limited to ``[max(1, low), high]``."""
+    low, high = max(1, dist.low), dist.high
+    if dist.kind == "fixed" or dist.std == 0:
+        values = np.full(n, dist.mean)
+    elif dist.kind == "uniform":
+        half = math.sqrt(3.0) * dist.std
+        values = rng.uniform(max(low, dist.mean - half), min(high, dist.mean + half), n)
+    elif dist.kind == "normal":
+        values = rng.normal(dist.mean, dist.std, n)
+    elif dist.kind == "lognormal":
+        # Solve for the underlying normal so the lognormal itself has the asked mean and std.
+        sigma2 = math.log1p((dist.std / dist.mean) ** 2)
+        values = rng.lognormal(math.log(dist.mean) - sigma2 / 2, math.sqrt(sigma2), n)
+    else:
+        raise ConfigError(f"unknown length distribution kind {dist.kind!r}")
+    return np.clip(np.rint(values), low, high).astype(np.int64)
+
+
+def pick_classes(classes: Sequence[RequestClass], n: int, rng: np.random.Generator) -> np.ndarray:
+    """Indices into ``classes`` for ``n`` requests, drawn in proportion to the weights."""
+    weights = np.array([c.weight for c in classes], dtype=float)
+    return rng.choice(len(classes), size=n, p=weights / weights.sum())
+
+
+def arrival_gaps(rate: float, burstiness: float, seed: int, chunk: int = 1024) -> Iterator[float]:
+    """Endless open-loop inter-arrival gaps (s): gamma, shape=burstiness, mean 1/rate.
+
+    burstiness 1 is a Poisson process; < 1 is burstier, > 1 more regular (as `vllm bench`).
+    """
+    rng = np.random.default_rng([seed, 0])
+    scale = 1.0 / (rate * burstiness)
+    while True:
+        yield from rng.gamma(shape=burstiness, scale=scale, size=chunk).tolist()
+
+
+# ---------------------------------------------------------------------------- tokenizer
+def load_tokenizer(path: str) -> Any:
+    """A HF tokenizer from a local directory only (never a download)."""
+    if not Path(path).is_dir():
+        raise ConfigError(
+            f"tokenizer directory {path!r} does not exist",
+            hint="point the target's tokenizer at a local model or tokenizer folder",
+        )
+    from transformers import AutoTokenizer  # heavy import: only when a plan is built
+
+    try:
+        return AutoTokenizer.from_pretrained(path, local_files_only=True)
+    except Exception as exc:  # transformers raises OSError/ValueError/...: translate them all
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ConfigError(
+            f"cannot load a tokenizer from {path!r}: {first}",
+            hint="the folder needs tokenizer.json or the files AutoTokenizer expects",
+        ) from exc
+
+
+def _encode(tokenizer: Any, text: str) -> list[int]:
+    return list(tokenizer.encode(text, add_special_tokens=False))
+
+
+def _decode(tokenizer: Any, ids: Sequence[int]) -> str:
+    return str(
+        tokenizer.decode(list(ids), skip_special_tokens=True, clean_up_tokenization_spaces=False)
+    )
+
+
+class PromptSynthesizer:
+    """Random prompts of an exact token length for one tokenizer."""
+
+    def __init__(self, tokenizer: Any, rng: np.random.Generator) -> None:
+        self.tokenizer = tokenizer
+        self.rng = rng
+        self.pool = self._token_pool()
+
+    def _token_pool(self) -> np.ndarray:
+        """Token ids that round-trip alone; preferably ' word' tokens, which never merge."""
+        special = set(self.tokenizer.all_special_ids)
+        ids = [i for i in range(len(self.tokenizer)) if i not in special]
+        if len(ids) > _POOL_CANDIDATES:
+            ids = sorted(self.rng.choice(ids, _POOL_CANDIDATES, replace=False).tolist())
+        texts = [_decode(self.tokenizer, [i]) for i in ids]
+        clean = [
+            (i, t)
+            for i, t in zip(ids, texts, strict=True)
+            if t.strip() and "\ufffd" not in t and _encode(self.tokenizer, t) == [i]
+        ]
+        words = [i for i, t in clean if t[0] == " " and t[1:].isalpha()]
+        pool = words if len(words) >= _MIN_WORD_POOL else [i for i, _ in clean]
+        if not pool:
+            raise ConfigError("the tokenizer has no usable tokens to synthesize prompts from")
+        return np.array(pool, dtype=np.int64)
+
+    def _draw(self, n: int) -> list[int]:
+        return self.rng.choice(self.pool, size=n).tolist() if n > 0 else []
+
+    def make(self, n_tokens: int) -> str:
+        """A prompt whose encoding has ``n_tokens`` tokens (closest found after a few rounds)."""
+        ids = self._draw(n_tokens)
+        best, best_err = "", math.inf
+        for _ in range(_SYNTH_ROUNDS):
+            text = _decode(self.tokenizer, ids)
+            got = _encode(self.tokenizer, text)
+            err = abs(len(got) - n_tokens)
+            if err < best_err:
+                best, best_err = text, err
+            if err == 0:
+                break
+            ids = got[:n_tokens] if len(got) > n_tokens else got + self._draw(n_tokens - len(got))
+        return best
+
+
+# ---------------------------------------------------------------------------- dataset
+@dataclass
+class DatasetRow:
+    prompt: str
+    max_tokens: int | None = None
+    request_class: str | None = None
+
+
+def _parse_row(line: str, where: str) -> DatasetRow:
+    try:
+        data = json.loads(line)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"{where}: not valid JSON ({exc.msg})") from exc
+    if not isinstance(data, dict) or not isinstance(data.get("prompt"), str):
+        raise ConfigError(f'{where}: each line needs {{"prompt": "<text>"}}')
+    max_tokens = data.get("max_tokens")
+    if max_tokens is not None and (not isinstance(max_tokens, int) or max_tokens < 1):
+        raise ConfigError(f"{where}: max_tokens must be a positive integer")
+    return DatasetRow(data["prompt"], max_tokens, data.get("request_class"))
+
+
+def read_dataset(path: str) -> list[DatasetRow]:
+    """Rows of a JSONL dataset: {"prompt": str, "max_tokens"?: int, "request_class"?: str}."""
+    try:
+        lines = Path(path).read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(
+            f"cannot read workload.dataset {path!r}: {exc}", hint="give a readable JSONL file"
+        ) from exc
+    rows = [_parse_row(ln, f"{path}:{i}") for i, ln in enumerate(lines, 1) if ln.strip()]
+    if not rows:
+        raise ConfigError(f"workload.dataset {path!r} has no prompts")
+    return rows
+
+
+# ---------------------------------------------------------------------------- plan
+def plan_size(workload: WorkloadConfig) -> int:
+    """How many distinct prompts to prepare, so that a run rarely sends one twice (a repeated
+    prompt hits the server's prefix cache and flatters TTFT)."""
+    duration = workload.warmup_s + workload.window_s
+    if workload.mode == "open":
+        expected = workload.rate * duration * 1.25
+    else:
+        expected = workload.concurrency * duration * CLOSED_LOOP_REQ_PER_USER_S
+    return int(min(MAX_PLAN_SIZE, max(MIN_PLAN_SIZE, math.ceil(expected))))
+
+
+def _planned(rc: RequestClass, text: str, max_tokens: int, n_prompt: int) -> PlannedRequest:
+    if rc.api == "chat":
+        messages = [{"role": "user", "content": text}]
+        return PlannedRequest(rc.name, rc.api, max_tokens, n_prompt, messages=messages)
+    return PlannedRequest(rc.name, rc.api, max_tokens, n_prompt, prompt=text)
+
+
+def synthesize_plan(workload: WorkloadConfig, tokenizer: Any, size: int) -> list[PlannedRequest]:
+    """``size`` random-prompt requests, classes by weight, lengths from each class's dists."""
+    seed = workload.seed
+    which = pick_classes(workload.classes, size, _rng(seed, _STREAM_CLASSES))
+    length_rng = _rng(seed, _STREAM_LENGTHS)
+    prompt_len = np.zeros(size, dtype=np.int64)
+    output_len = np.zeros(size, dtype=np.int64)
+    for k, rc in enumerate(workload.classes):
+        mask = which == k
+        prompt_len[mask] = sample_lengths(rc.prompt_tokens, int(mask.sum()), length_rng)
+        output_len[mask] = sample_lengths(rc.output_tokens, int(mask.sum()), length_rng)
+    synth = PromptSynthesizer(tokenizer, _rng(seed, _STREAM_PROMPTS))
+    return [
+        _planned(workload.classes[k], synth.make(int(p)), int(o), int(p))
+        for k, p, o in zip(which.tolist(), prompt_len, output_len, strict=True)
+    ]
+
+
+def _row_class(
+    row: DatasetRow, line: int, drawn: RequestClass, by_name: dict[str, RequestClass]
+) -> RequestClass:
+    if row.request_class is None:
+        return drawn
+    if row.request_class not in by_name:
+        raise ConfigError(
+            f"dataset row {line}: unknown request_class {row.request_class!r}",
+            hint=f"use one of the workload's classes: {', '.join(by_name)}",
+        )
+    return by_name[row.request_class]
+
+
+def dataset_plan(workload: WorkloadConfig, tokenizer: Any) -> list[PlannedRequest]:
+    """The dataset's rows in a seeded order; missing classes/max_tokens are drawn."""
+    rows = read_dataset(str(workload.dataset))
+    by_name = {rc.name: rc for rc in workload.classes}
+    rng = _rng(workload.seed, _STREAM_DATASET)
+    drawn = pick_classes(workload.classes, len(rows), rng)
+    plan = []
+    for i in rng.permutation(len(rows)).tolist():
+        row = rows[i]
+        rc = _row_class(row, i + 1, workload.classes[int(drawn[i])], by_name)
+        max_tokens = row.max_tokens or int(sample_lengths(rc.output_tokens, 1, rng)[0])
+        plan.append(_planned(rc, row.prompt, max_tokens, len(_encode(tokenizer, row.prompt))))
+    return plan
+
+
+_PLAN_CACHE: dict[str, list[PlannedRequest]] = {}
+
+
+def build_plan(
+    workload: WorkloadConfig, tokenizer_path: str, size: int | None = None
+) -> list[PlannedRequest]:
+    """The deterministic request plan for ``workload`` (dataset rows, or synthesized prompts)."""
+    if workload.dataset:  # read afresh: the file may have changed
+        return dataset_plan(workload, load_tokenizer(tokenizer_path))
+    size = size or plan_size(workload)
+    key = repr((workload.classes, workload.seed, tokenizer_path, size))
+    if key not in _PLAN_CACHE:  # trials of one study share a workload: synthesize it once
+        _PLAN_CACHE.clear()
+        _PLAN_CACHE[key] = synthesize_plan(workload, load_tokenizer(tokenizer_path), size)
+    return list(_PLAN_CACHE[key])
+
+
+def write_plan(path: Path, plan: Sequence[PlannedRequest]) -> None:
+    path.write_text("".join(p.to_json() + "\n" for p in plan), encoding="utf-8")
+
+
+def read_plan(path: Path) -> list[PlannedRequest]:
+    with path.open(encoding="utf-8") as fh:
+        return [PlannedRequest(**json.loads(line)) for line in fh if line.strip()]
