@@ -176,6 +176,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     finally:
         session.close()
     print(session.summary_text(result))
+    from tuner.dashboard import refresh_notes
+
+    refresh_notes(config.name, config.study.storage, config.studies_dir)
+    print(f"review: tuner report {config.name} | tuner dashboard {config.name}")
     return 0
 
 

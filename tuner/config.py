@@ -216,7 +216,13 @@ class ObjectivesConfig:
     )
     select_by: str = "output_throughput"  # among feasible trials (SLOs met)
     constraints: list[str] = field(
-        default_factory=lambda: ["slo_p99_e2e", "slo_p99_ttft", "slo_p99_tpot", "error_rate"]
+        default_factory=lambda: [
+            "slo_p99_e2e",
+            "slo_p99_ttft",
+            "slo_p99_tpot",
+            "error_rate",
+            "quality_vs_baseline",
+        ]
     )
 
 
@@ -240,6 +246,47 @@ class SamplerConfig:
 
 
 @dataclass
+class QualityConfig:
+    """The quality gate. A metric's *drop* is ``baseline - candidate``, in [0, 1] units.
+
+    A trial of a gated stage (named in ``stages``, or searching one of ``precision_params``) is
+    feasible only if every metric in ``metrics`` drops by at most its tolerance.
+    """
+
+    enabled: bool = True
+    prompts: str | None = None  # JSONL quality set; None = conf/quality/default.jsonl
+    max_tokens: int = 64  # per item, unless the item sets max_tokens
+    ignore_eos: bool = True  # fixed output lengths (a random-weight model stops anywhere)
+    tolerance: float = 0.1  # largest allowed drop of a gated metric
+    tolerances: dict[str, float] = field(default_factory=dict)  # per-metric overrides
+    metrics: list[str] = field(
+        default_factory=lambda: [
+            "token_agreement",
+            "long_input_consistency",
+            "format_compliance",
+            "accuracy",
+        ]
+    )
+    stages: list[str] = field(default_factory=lambda: ["quantization"])
+    precision_params: list[str] = field(
+        default_factory=lambda: ["quantization", "kv_cache_dtype", "dtype"]
+    )
+    long_input_tokens: int = 1024  # prompts this long count as long inputs too; 0 = only `long`
+    request_timeout_s: float = 120.0
+
+    def validate(self) -> None:
+        if self.max_tokens < 1 or self.request_timeout_s <= 0 or self.long_input_tokens < 0:
+            raise ConfigError(
+                "quality: need max_tokens >= 1, request_timeout_s > 0, long_input_tokens >= 0"
+            )
+        if min([self.tolerance, *self.tolerances.values()]) < 0:
+            raise ConfigError("quality: tolerances must be >= 0 (a drop is baseline - candidate)")
+
+    def tolerance_for(self, metric: str) -> float:
+        return self.tolerances.get(metric, self.tolerance)
+
+
+@dataclass
 class TunerConfig:
     """The root of the composed configuration."""
 
@@ -254,6 +301,7 @@ class TunerConfig:
     objectives: ObjectivesConfig = field(default_factory=ObjectivesConfig)
     cost: CostConfig = field(default_factory=CostConfig)
     sampler: SamplerConfig = field(default_factory=SamplerConfig)
+    quality: QualityConfig = field(default_factory=QualityConfig)
 
     def __post_init__(self) -> None:
         # OmegaConf keeps dict[str, dict[str, ParamSpec]] untyped below the first level, so the
@@ -268,6 +316,7 @@ class TunerConfig:
             raise ConfigError(f"name={self.name!r} is not a valid study name")
         self.server.validate()
         self.workload.validate()
+        self.quality.validate()
         self.study.validate(sorted(self.search_space))
 
 

@@ -16,6 +16,7 @@ import optuna
 
 from tuner import objective as obj
 from tuner.config import TunerConfig
+from tuner.quality import context_excess, quality_attrs
 from tuner.search_space import devices_needed
 from tuner.server import LaunchSpec
 from tuner.trial import TrialOutcome
@@ -59,6 +60,7 @@ class Evaluated:
         }
         if m is not None:
             attrs.update({f"m_{k}": _finite(v) for k, v in m.flat().items()})
+        attrs.update(quality_attrs(o.quality))
         return attrs
 
 
@@ -101,6 +103,7 @@ class Evaluator:
             gpu_model=self.gpu_model,
             energy_j=gpu.get("energy_j"),
             window_s=m.window_s if m else 0.0,
+            quality_excess=context_excess(outcome.quality) if outcome else None,
         )
 
     def evaluate(self, outcome: TrialOutcome, params: dict[str, Any]) -> Evaluated:

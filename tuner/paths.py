@@ -94,6 +94,10 @@ class TrialPaths:
         return self.root / "telemetry.csv"
 
     @property
+    def quality(self) -> Path:
+        return self.root / "quality.jsonl"
+
+    @property
     def result_json(self) -> Path:
         return self.root / "result.json"
 

@@ -21,6 +21,7 @@ from tuner.config import TunerConfig
 from tuner.errors import ConfigError, PreflightError
 from tuner.evaluation import Evaluator
 from tuner.fingerprint import fingerprint, hardware, public_env
+from tuner.quality import quality_fingerprint
 from tuner.server import LaunchSpec, make_backend
 from tuner.server.vllm_parser import check_argv, vllm_flags, vllm_version
 from tuner.storage import check_url
@@ -141,6 +142,7 @@ def open_session(config: TunerConfig, rebaseline: bool, progress: Progress) -> S
     fp: dict[str, Any] = fingerprint(
         config, vllm_version(python), hardware(config.server.device, gpus)
     )
+    fp["quality"] = quality_fingerprint(config.quality)  # the gate's reference outputs
     runner = StudyRunner(config, evaluator, fp, progress, rebaseline=rebaseline)
     check_url(runner.storage_url)
     backend = make_backend(config.server, LaunchSpec(), Path(os.devnull))

@@ -18,6 +18,7 @@ import shlex
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import optuna
@@ -30,10 +31,11 @@ from tuner.errors import TunerError
 from tuner.evaluation import Evaluated, Evaluator
 from tuner.fingerprint import digest
 from tuner.paths import StudyPaths
+from tuner.quality import attach_quality, check_config, gate_applies, quality_line
 from tuner.sampler import make_sampler
 from tuner.server import LaunchSpec
 from tuner.storage import ATTR_INTERRUPTED, Heartbeat, fail_unfinished_trials, open_storage
-from tuner.trial import run_trial
+from tuner.trial import TrialOutcome, run_trial
 
 Progress = Callable[[str], None]
 ROLE_BASELINE, ROLE_INCUMBENT, ROLE_SEARCH = "baseline", "incumbent", "search"
@@ -102,6 +104,8 @@ class StudyRunner:
         self._failures: list[str] = []
         self._consecutive_failures = 0
         self._ok_count = 0
+        check_config(config.quality)  # a bad quality set stops the study before any launch
+        self.baseline_quality: Path | None = None  # the reference outputs of the quality gate
 
     @property
     def storage_url(self) -> str:
@@ -171,6 +175,8 @@ class StudyRunner:
         done = [t for t in study.get_trials(states=(TrialState.COMPLETE,)) if _ok(t)]
         if done and not self.rebaseline:
             self.say(f"baseline {key}: reusing trial {done[-1].number} (same fingerprint)")
+            ref = done[-1].user_attrs.get("quality_outputs")
+            self.baseline_quality = Path(ref) if ref else None
             return _incumbent_of(done[-1], "baseline")
         self.say(f"baseline {key}: measuring vLLM with the fixed args only")
         trial = study.ask()
@@ -206,10 +212,24 @@ class StudyRunner:
             trial.study.tell(trial, state=TrialState.FAIL)
             self.say(f"{prefix} interrupted: trial marked failed; run the same command to resume")
             raise
+        self._attach_quality(outcome, label, role, prefix)
         result = self.evaluator.evaluate(outcome, params)
         self._record(trial, result, params, label, role, launch)
         self._count_failure(result)
         return result
+
+    def _attach_quality(self, outcome: TrialOutcome, label: str, role: str, prefix: str) -> None:
+        """Score the trial's quality outputs against the baseline's (the gate's input)."""
+        q = self.config.quality
+        if not (q.enabled and outcome.ok):
+            return
+        if role == ROLE_BASELINE and outcome.quality.get("outputs"):
+            self.baseline_quality = Path(outcome.quality["outputs"])
+        stage = next((s for s in self.stages if label in (s.name, f"{s.name}-confirm")), None)
+        gated = stage is not None and gate_applies(q, stage.name, stage.specs)
+        outcome.quality = attach_quality(outcome.quality, self.baseline_quality, q, gated)
+        outcome.write(Path(outcome.folder) / "result.json")
+        self.say(f"{prefix} {quality_line(outcome.quality)}")
 
     def _record(
         self,

@@ -23,6 +23,7 @@ from tuner.errors import LoadGenError, ServerError
 from tuner.loadgen import LoadResult, Target, get_load_generator
 from tuner.measure import Measurements, measure
 from tuner.paths import TrialPaths
+from tuner.quality import run_quality_set
 from tuner.records import read_records
 from tuner.server import LaunchSpec, ServerBackend, ServerInfo, make_backend
 from tuner.server.base import REASON_DIED_DURING_LOAD
@@ -51,6 +52,7 @@ class TrialOutcome:
     telemetry: dict[str, Any] = field(default_factory=dict)
     timings: dict[str, float] = field(default_factory=dict)
     window: dict[str, float] = field(default_factory=dict)  # wall-clock start/end
+    quality: dict[str, Any] = field(default_factory=dict)  # tuner.quality: summary, then scores
     folder: str = ""
 
     @property
@@ -141,6 +143,12 @@ def _run_phases(
     outcome.server = asdict(info)
     progress(_ready_line(info))
     result, summary = _load(config, server, info, paths, clock, progress)
+    if config.quality.enabled:  # after the window: never part of the measurement
+        progress("quality set: greedy answers for the quality gate")
+        with clock.phase("quality"):
+            outputs = run_quality_set(_target(config, server, info), config.quality, paths.quality)
+        outcome.quality = outputs.summary()
+        server.check_alive()
     with clock.phase("analysis"):
         records = read_records(result.records_path)
         m = measure(records, result.window_start, result.window_end, config.slo)
@@ -159,12 +167,7 @@ def _load(
     progress: Progress,
 ) -> tuple[LoadResult, dict[str, Any]]:
     """Warm-up + window under telemetry, with a watchdog that stops the load if vLLM dies."""
-    target = Target(
-        base_url=info.base_url,
-        api_key=server.api_key,
-        model=config.server.served_model_name or config.server.model,
-        tokenizer=config.server.model,
-    )
+    target = _target(config, server, info)
     telemetry = Telemetry(config.telemetry, info.base_url, server.api_key, info.pid, None)
     watchdog = _Watchdog(server)
     wl = config.workload
@@ -185,6 +188,15 @@ def _load(
     telemetry.write_csv(paths.telemetry_csv)
     _link_records(result, paths)
     return result, summary
+
+
+def _target(config: TunerConfig, server: ServerBackend, info: ServerInfo) -> Target:
+    return Target(
+        base_url=info.base_url,
+        api_key=server.api_key,
+        model=config.server.served_model_name or config.server.model,
+        tokenizer=config.server.model,
+    )
 
 
 def _link_records(result: LoadResult, paths: TrialPaths) -> None:

@@ -78,6 +78,7 @@ def test_fp8_kv_cache_changes_outputs_and_the_gate_sees_it(
     assert worst >= 1.0 - changed.token_agreement > 0
     print(f"\nfp8 KV cache vs default: {changed.to_dict()}")
     print({s.id: (s.prefix_agreement, s.token_agreement) for s in changed.per_item})
+    print(f"quality set took {reference.seconds:.1f} s (default), {fp8.seconds:.1f} s (fp8)")
     assert gate_applies(QCFG, "quantization", config.search_space.get("quantization", {}))
     for tolerance, feasible in ((worst / 2, False), (worst + 0.01, True)):
         q = QualityConfig(tolerance=tolerance)

@@ -26,7 +26,13 @@ BUILTIN_OBJECTIVES = {
     "cost_per_million_tokens",
     "energy_per_million_tokens",
 }
-BUILTIN_CONSTRAINTS = {"slo_p99_e2e", "slo_p99_ttft", "slo_p99_tpot", "error_rate"}
+BUILTIN_CONSTRAINTS = {
+    "slo_p99_e2e",
+    "slo_p99_ttft",
+    "slo_p99_tpot",
+    "error_rate",
+    "quality_vs_baseline",
+}
 
 
 def stats(p99: float | None, n: int = 100) -> MetricStats:

@@ -54,7 +54,7 @@ def test_distributions_follow_the_spec_types() -> None:
         ({"type": "bool", "choices": [True]}, "takes no choices"),
         ({"type": "int", "low": 1, "high": 2, "target": "file"}, "target 'file' is unknown"),
         ({"type": "int", "low": 1, "high": 2, "target": "env"}, "needs `name`"),
-        ({"type": "int", "low": 1, "high": 2, "lgo": True}, "unknown keys ['lgo']"),
+        ({"type": "int", "low": 1, "high": 2, "lgo": True}, "unknown key(s) lgo"),
         ({"type": "categorical", "choices": ["a"], "omit": ["b"]}, "omit names values"),
         ({"type": "categorical", "choices": [1, 2], "env_by_choice": {"4": {}}}, "env_by_choice"),
     ],

@@ -127,3 +127,16 @@ def test_preflight_rejects_missing_model_and_busy_port(tmp_path: Path) -> None:
         cfg = ServerConfig(model=str(tmp_path), port=port)
         with pytest.raises(PreflightError, match="already in use"):
             make_backend(cfg, LaunchSpec(), tmp_path / "l").preflight()
+
+
+def test_pydantic_root_cause_carries_its_detail_line() -> None:
+    log = (
+        "(APIServer pid=1) INFO 11-30 [x.py:1] starting\n"
+        "pydantic_core._pydantic_core.ValidationError: 1 validation error for SchedulerConfig\n"
+        "  Value error, max_num_batched_tokens (1714) is smaller than max_model_len (2048). "
+        "[type=value_error, input_value=...]\n"
+    )
+    cause = root_cause(log)
+    assert cause.startswith("ValidationError: 1 validation error for SchedulerConfig: Value error")
+    assert "(1714) is smaller than max_model_len (2048)" in cause and "[type=" not in cause
+    assert classify_failure(log) == b.REASON_INVALID_ARGUMENT

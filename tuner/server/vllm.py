@@ -82,12 +82,16 @@ def log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
 
 def root_cause(log_text: str) -> str:
     """The first exception line of a log (vLLM logs the root cause before the summary)."""
-    for line in log_text.splitlines():
+    lines = log_text.splitlines()
+    for i, line in enumerate(lines):
         if " INFO " in line or " WARNING " in line:
             continue  # e.g. the ulimit warning quotes an OSError that is not the cause
         match = ROOT_CAUSE_RE.search(line)
         if match:
-            return f"{match.group(1)}: {match.group(2).strip()[:300]}"
+            cause = f"{match.group(1)}: {match.group(2).strip()}"
+            if "validation error" in cause and i + 1 < len(lines):  # pydantic: detail below
+                cause += ": " + lines[i + 1].strip().split(" [type=")[0]
+            return cause[:400]
     return ""
 
 

@@ -1,0 +1,198 @@
+"""The evidence behind an exported configuration: what was measured, against what, where, when.
+
+Every export carries it: in full as ``evidence.json``, and as a few summary lines at the top of
+each file (comments, or annotations in Kubernetes). Everything comes from the storage: the
+trial's flat measurements (``m_*`` user attrs), the baseline, the stage decision, and the
+baseline study's fingerprint (SLO, workload, hardware, vLLM version).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from tuner.diagnosis import diagnose
+from tuner.review import Choice, Review, TrialView
+
+LATENCIES = ("ttft", "tpot", "itl", "e2e")
+STATS = ("p50", "p90", "p95", "p99", "mean", "max", "n")
+SCALARS = {
+    "output_throughput_tok_s": "output tokens/s",
+    "request_throughput_req_s": "requests/s",
+    "goodput_req_s": "goodput requests/s",
+    "error_rate": "error rate",
+    "completed": "completed requests",
+    "window_s": "measurement window (s)",
+}
+_LATENCY_RE = re.compile(rf"^m_({'|'.join(LATENCIES)})_({'|'.join(STATS)})(?:_s)?$")
+
+
+@dataclass
+class Evidence:
+    """``data`` is evidence.json; ``lines`` the short summary that heads every exported file."""
+
+    data: dict[str, Any]
+    lines: list[str] = field(default_factory=list)
+
+
+def latency_table(view: TrialView) -> dict[str, dict[str, float]]:
+    """{"e2e": {"p50": s, ..., "n": samples}, ...} from a trial's flat measurements."""
+    table: dict[str, dict[str, float]] = {}
+    for key in view.attrs:
+        match = _LATENCY_RE.match(key)
+        number = view.metric(key[2:]) if match else None
+        if match and number is not None:
+            table.setdefault(match.group(1), {})[match.group(2)] = number
+    return {k: dict(sorted(v.items(), key=lambda kv: STATS.index(kv[0]))) for k, v in table.items()}
+
+
+def measurements(view: TrialView | None) -> dict[str, Any]:
+    if view is None:
+        return {}
+    scalars = {k: view.metric(k) for k in SCALARS if view.metric(k) is not None}
+    return {"latency_s": latency_table(view), **scalars}
+
+
+def objective_values(review: Review, view: TrialView | None) -> dict[str, float | None]:
+    return {n: review.value(view, n) for n in review.objectives} if view else {}
+
+
+def deltas(review: Review, chosen: TrialView | None) -> dict[str, dict[str, Any]]:
+    """Objective values and P50/P99 latencies of the choice against the baseline."""
+    base = review.baseline
+    pairs: dict[str, tuple[float | None, float | None]] = {
+        n: (review.value(base, n) if base else None, review.value(chosen, n) if chosen else None)
+        for n in review.objectives
+    }
+    for kind in ("e2e", "ttft", "tpot"):
+        for stat in ("p50", "p99"):
+            key = f"{kind}_{stat}_s"
+            pairs[key] = (
+                base.metric(key) if base else None,
+                chosen.metric(key) if chosen else None,
+            )
+    return {k: _delta(b, c) for k, (b, c) in pairs.items()}
+
+
+def _delta(base: float | None, chosen: float | None) -> dict[str, Any]:
+    change = None
+    if base is not None and chosen is not None and base != 0:
+        change = round(100.0 * (chosen - base) / abs(base), 2)
+    return {"baseline": base, "chosen": chosen, "change_pct": change}
+
+
+def _confirmation(decision: dict[str, Any] | None) -> dict[str, Any] | None:
+    if not decision:
+        return None
+    keys = (
+        "objective",
+        "accepted",
+        "reason",
+        "incumbent_values",
+        "candidate_values",
+        "gain",
+        "noise",
+        "threshold",
+    )
+    return {k: decision.get(k) for k in keys}
+
+
+def build_evidence(review: Review, choice: Choice, now: dt.datetime | None = None) -> Evidence:
+    """The evidence of ``choice`` (its own trial, or the baseline when it has none)."""
+    view = choice.trial
+    fp = review.fingerprint
+    diagnosis = diagnose(view.telemetry, view.ok, review.cores) if view else None
+    data: dict[str, Any] = {
+        "study": review.name,
+        "storage": review.storage_shown,
+        "choice": choice.label,
+        "params": choice.params,
+        "trial": _trial_ids(view),
+        "exported_at": (now or dt.datetime.now(dt.UTC)).isoformat(timespec="seconds"),
+        "objectives": objective_values(review, view),
+        "measurements": measurements(view),
+        "baseline": {
+            "trial": _trial_ids(review.baseline),
+            "measurements": measurements(review.baseline),
+        },
+        "delta_vs_baseline": deltas(review, view),
+        "confirmation": _confirmation(choice.decision),
+        "bottleneck": diagnosis.line() if diagnosis else None,
+        "slo": fp.get("slo"),
+        "workload": fp.get("workload"),
+        "hardware": fp.get("hardware"),
+        "vllm": fp.get("vllm") or (view.result.get("server", {}).get("version") if view else None),
+    }
+    return Evidence(data, summary_lines(data))
+
+
+def _trial_ids(view: TrialView | None) -> dict[str, Any] | None:
+    if view is None:
+        return None
+    t = view.trial
+    return {
+        "optuna_study": view.study,
+        "number": t.number,
+        "trial_id": t._trial_id,
+        "label": view.label,
+        "measured_at": t.datetime_complete.isoformat(timespec="seconds")
+        if t.datetime_complete
+        else None,
+    }
+
+
+def _fmt(value: Any, unit: str = "") -> str:
+    return "n/a" if value is None else f"{value:.4g}{unit}"
+
+
+def summary_lines(data: dict[str, Any]) -> list[str]:
+    """A few lines a reviewer reads first (they head every exported file)."""
+    lat = data["measurements"].get("latency_s", {})
+    e2e, ttft = lat.get("e2e", {}), lat.get("ttft", {})
+    m = data["measurements"]
+    trial = data["trial"] or {}
+    lines = [
+        f"tuner export of study {data['study']}: {data['choice']} "
+        f"(Optuna study {trial.get('optuna_study')}, trial {trial.get('number')}), "
+        f"exported {data['exported_at']}",
+        f"measured: P50/P99 E2E {_fmt(e2e.get('p50'), ' s')}/{_fmt(e2e.get('p99'), ' s')} "
+        f"(n={int(e2e.get('n', 0))}), P99 TTFT {_fmt(ttft.get('p99'), ' s')}, "
+        f"{_fmt(m.get('output_throughput_tok_s'))} output tok/s, "
+        f"error rate {_fmt(m.get('error_rate'))}",
+        "vs baseline: "
+        + ", ".join(
+            f"{k} {v['change_pct']:+.1f}%"
+            for k, v in data["delta_vs_baseline"].items()
+            if v["change_pct"] is not None and k in data["objectives"]
+        ),
+        f"SLO: {_slo_text(data.get('slo') or {})}; workload: {_workload_text(data)}",
+        f"hardware: {_hardware_text(data.get('hardware') or {})}; vLLM: {data.get('vllm')}",
+        f"bottleneck: {data.get('bottleneck')}; full evidence: evidence.json",
+    ]
+    return lines
+
+
+def _slo_text(slo: dict[str, Any]) -> str:
+    set_ = [f"{k}={v:g}" for k, v in slo.items() if isinstance(v, int | float) and v]
+    return ", ".join(set_) or "none"
+
+
+def _workload_text(data: dict[str, Any]) -> str:
+    wl = data.get("workload") or {}
+    if not wl:
+        return "unknown"
+    shape = (
+        f"open loop {wl.get('rate')} req/s"
+        if wl.get("mode") == "open"
+        else f"closed loop {wl.get('concurrency')} users"
+    )
+    classes = ", ".join(str(c.get("name")) for c in wl.get("classes") or [])
+    return f"{shape}, window {wl.get('window_s')} s, classes {classes}"
+
+
+def _hardware_text(hw: dict[str, Any]) -> str:
+    if hw.get("device") == "cuda":
+        return f"{len(hw.get('gpus') or [])} x {', '.join(sorted(set(hw.get('gpus') or [])))}"
+    return f"CPU {hw.get('cpu', '?')}, {hw.get('cores', '?')} cores"

@@ -1,0 +1,300 @@
+"""Scores of a quality run against the baseline's run, and the gate's margins.
+
+Agreement metrics compare a run with the baseline's run item by item (a baseline agrees with
+itself, so its reference value is 1); absolute metrics are computed on each run alone and the
+baseline's own value is the reference. An item the candidate failed scores 0 everywhere; an item
+the baseline failed (or asked differently) is left out of the agreement metrics.
+
+- ``exact_match_rate``: fraction of items whose tokens are identical.
+- ``prefix_agreement``: mean of (tokens before the first divergence) / (longer length).
+- ``token_agreement``: mean of (position-wise equal tokens) / (longer length).
+- ``long_input_consistency``: ``token_agreement`` over the long inputs only.
+- ``format_compliance``: fraction of items with a ``format`` whose output has it.
+- ``accuracy``: fraction of items with a ``reference`` whose output matches it.
+
+Tokens are the ids vLLM returned; if either run lacks them, characters of the text are compared.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from tuner.config import ParamSpec
+from tuner.errors import ArtifactError, ConfigError
+from tuner.quality.items import QualityItem, format_ok, is_correct, load_items
+from tuner.quality.runner import QualityOutput, QualityOutputs
+from tuner.quality.settings import QualityConfig
+
+AGREEMENT_METRICS = (
+    "exact_match_rate",
+    "prefix_agreement",
+    "token_agreement",
+    "long_input_consistency",
+)
+ABSOLUTE_METRICS = ("format_compliance", "accuracy")
+GATE_METRICS = (*AGREEMENT_METRICS, *ABSOLUTE_METRICS)
+
+
+@dataclass
+class ItemScore:
+    """One item: None where a metric does not apply (no baseline, no format, no reference)."""
+
+    id: str
+    ok: bool
+    long: bool
+    exact: bool | None = None
+    prefix_agreement: float | None = None
+    token_agreement: float | None = None
+    format_ok: bool | None = None
+    correct: bool | None = None
+
+
+@dataclass
+class QualityScores:
+    """The metrics of one run (module docstring); None when no item bears on a metric."""
+
+    items: int
+    errors: int
+    compared: int  # items with a usable baseline answer
+    exact_match_rate: float | None = None
+    prefix_agreement: float | None = None
+    token_agreement: float | None = None
+    long_input_consistency: float | None = None
+    format_compliance: float | None = None
+    accuracy: float | None = None
+    per_item: list[ItemScore] = field(default_factory=list)
+
+    def metric(self, name: str) -> float | None:
+        value = getattr(self, name)
+        return None if value is None else float(value)
+
+    def to_dict(self, per_item: bool = False) -> dict[str, Any]:
+        data = asdict(self)
+        if not per_item:
+            data.pop("per_item")
+        return data
+
+
+def agreement(a: Sequence[int] | np.ndarray, b: Sequence[int] | np.ndarray) -> tuple[float, float]:
+    """(prefix agreement, position-wise agreement) of two token sequences, each in [0, 1]."""
+    x, y = np.asarray(a), np.asarray(b)
+    longest, shortest = max(len(x), len(y)), min(len(x), len(y))
+    if longest == 0:
+        return 1.0, 1.0
+    equal = x[:shortest] == y[:shortest]
+    prefix = shortest if bool(equal.all()) else int(np.argmin(equal))
+    return prefix / longest, float(np.count_nonzero(equal)) / longest
+
+
+def _token_pair(a: QualityOutput, b: QualityOutput) -> tuple[np.ndarray, np.ndarray]:
+    if a.token_ids is not None and b.token_ids is not None:
+        return np.asarray(a.token_ids, dtype=np.int64), np.asarray(b.token_ids, dtype=np.int64)
+    return _chars(a.text), _chars(b.text)
+
+
+def _chars(text: str) -> np.ndarray:
+    return np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32)
+
+
+def score_item(
+    item: QualityItem,
+    out: QualityOutput | None,
+    base: QualityOutput | None,
+    long_input_tokens: int = 0,
+) -> ItemScore:
+    """Score one item's output against the baseline's (``base``: None = no baseline)."""
+    ok = out is not None and out.ok and out.digest == item.digest
+    text = out.text if (ok and out is not None) else ""
+    lengths = [o.prompt_tokens or 0 for o in (out, base) if o is not None]
+    long = item.long or (long_input_tokens > 0 and max(lengths, default=0) >= long_input_tokens)
+    s = ItemScore(item.id, ok, long)
+    if item.format:
+        s.format_ok = ok and bool(format_ok(text, item))
+    if item.reference:
+        s.correct = ok and bool(is_correct(text, item))
+    if base is not None and _comparable(item, out, base):
+        # A failed answer agrees with nothing.
+        pair = _token_pair(out, base) if (ok and out is not None) else None
+        prefix, tokens = agreement(*pair) if pair else (0.0, 0.0)
+        s.prefix_agreement, s.token_agreement, s.exact = prefix, tokens, prefix == 1.0
+    return s
+
+
+def _comparable(item: QualityItem, out: QualityOutput | None, base: QualityOutput) -> bool:
+    """The baseline answered this very prompt, with the candidate's generation settings."""
+    if not base.ok or base.digest != item.digest:
+        return False
+    return out is None or not out.settings or not base.settings or out.settings == base.settings
+
+
+def score(
+    outputs: QualityOutputs,
+    baseline: QualityOutputs | None,
+    items: Sequence[QualityItem],
+    long_input_tokens: int = 0,
+) -> QualityScores:
+    """The metrics of ``outputs`` (against ``baseline`` when given) over ``items``."""
+    mine, theirs = outputs.by_id(), baseline.by_id() if baseline else {}
+    per = [score_item(i, mine.get(i.id), theirs.get(i.id), long_input_tokens) for i in items]
+    return QualityScores(
+        items=len(per),
+        errors=sum(not s.ok for s in per),
+        compared=sum(s.token_agreement is not None for s in per),
+        exact_match_rate=_mean([s.exact for s in per]),
+        prefix_agreement=_mean([s.prefix_agreement for s in per]),
+        token_agreement=_mean([s.token_agreement for s in per]),
+        long_input_consistency=_mean([s.token_agreement for s in per if s.long]),
+        format_compliance=_mean([s.format_ok for s in per]),
+        accuracy=_mean([s.correct for s in per]),
+        per_item=per,
+    )
+
+
+def _mean(values: Sequence[float | bool | None]) -> float | None:
+    present = [float(v) for v in values if v is not None]
+    return float(np.mean(present)) if present else None
+
+
+# -- the gate ------------------------------------------------------------------------------
+
+
+def drops(
+    candidate: QualityScores, baseline_self: QualityScores, metrics: Sequence[str]
+) -> dict[str, float]:
+    """baseline - candidate per metric that both runs have (agreement metrics: 1 - candidate)."""
+    out: dict[str, float] = {}
+    for name in metrics:
+        ref = 1.0 if name in AGREEMENT_METRICS else baseline_self.metric(name)
+        value = candidate.metric(name)
+        if ref is not None and value is not None:
+            out[name] = ref - value
+    return out
+
+
+def gate_applies(qcfg: QualityConfig, stage: str, specs: Mapping[str, ParamSpec]) -> bool:
+    """Whether trials of ``stage`` (searching ``specs``) must pass the quality gate."""
+    touched = {key for key in specs} | {s.name for s in specs.values() if s.name}
+    return qcfg.enabled and (stage in qcfg.stages or bool(touched & set(qcfg.precision_params)))
+
+
+def check_config(qcfg: QualityConfig) -> list[QualityItem]:
+    """Check the config and the quality set at study set-up; returns the items ([] if off)."""
+    qcfg.validate()
+    unknown = [m for m in [*qcfg.metrics, *qcfg.tolerances] if m not in GATE_METRICS]
+    if unknown:
+        raise ConfigError(
+            f"quality: unknown metric(s) {', '.join(unknown)}",
+            hint=f"known: {', '.join(GATE_METRICS)}",
+        )
+    return load_items(qcfg.prompts) if qcfg.enabled else []
+
+
+def quality_fingerprint(qcfg: QualityConfig) -> dict[str, Any] | None:
+    """What a baseline's quality outputs depend on; part of the baseline's fingerprint, so that
+    a baseline measured with another quality set (or none) is not reused as the reference."""
+    if not qcfg.enabled:
+        return None
+    items = load_items(qcfg.prompts)
+    digests = "".join(f"{i.id}={i.digest};" for i in items).encode()
+    return {
+        "set": hashlib.sha256(digests).hexdigest()[:16],
+        "items": len(items),
+        "max_tokens": qcfg.max_tokens,
+        "ignore_eos": qcfg.ignore_eos,
+    }
+
+
+def attach_quality(
+    trial_quality: Mapping[str, Any],
+    baseline_outputs: Path | None,
+    qcfg: QualityConfig,
+    applies: bool,
+) -> dict[str, Any]:
+    """A trial's quality summary (``QualityOutputs.summary()``) + scores, drops and margins.
+
+    ``excess`` (drop - tolerance, per gated metric) is what the ``quality_vs_baseline``
+    constraint reads; it is empty when there is nothing to compare (no outputs, no baseline),
+    which that constraint treats as violated when the gate applies.
+    """
+    result: dict[str, Any] = {**trial_quality, "applies": applies, "drops": {}, "excess": {}}
+    result["tolerances"] = {m: qcfg.tolerance_for(m) for m in qcfg.metrics}
+    result["baseline_outputs"] = str(baseline_outputs or "")
+    try:
+        items = load_items(qcfg.prompts)
+        cand = QualityOutputs.read(Path(trial_quality["outputs"]))
+        base = QualityOutputs.read(baseline_outputs) if baseline_outputs else None
+    except (KeyError, TypeError):
+        result["note"] = "this trial ran no quality set"
+        return result
+    except (ArtifactError, ConfigError) as exc:
+        result["note"] = exc.one_line()
+        return result
+    return _scored(result, cand, base, items, qcfg)
+
+
+def _scored(
+    result: dict[str, Any],
+    cand: QualityOutputs,
+    base: QualityOutputs | None,
+    items: list[QualityItem],
+    qcfg: QualityConfig,
+) -> dict[str, Any]:
+    scores = score(cand, base, items, qcfg.long_input_tokens)
+    result["scores"] = scores.to_dict()
+    result["per_item"] = [asdict(s) for s in scores.per_item]
+    if base is None:
+        result["note"] = "no baseline outputs to compare with"
+        return result
+    base_self = score(base, base, items, qcfg.long_input_tokens)
+    d = drops(scores, base_self, qcfg.metrics)
+    result["baseline_scores"] = base_self.to_dict()
+    result["drops"] = d
+    result["excess"] = {m: v - qcfg.tolerance_for(m) for m, v in d.items()}
+    return result
+
+
+def context_excess(quality: Mapping[str, Any] | None) -> dict[str, float] | None:
+    """``ObjectiveContext.quality_excess`` for a trial: None when the gate does not apply."""
+    if not quality or not quality.get("applies"):
+        return None
+    return {str(k): float(v) for k, v in quality.get("excess", {}).items()}
+
+
+def quality_attrs(quality: Mapping[str, Any] | None) -> dict[str, Any]:
+    """Flat Optuna user attrs (dashboard columns): q_<metric>, drops, whether gated."""
+    if not quality:
+        return {}
+    scores = quality.get("scores") or {}
+    attrs: dict[str, Any] = {
+        "quality_gated": bool(quality.get("applies")),
+        "quality_errors": quality.get("errors", 0),
+        "quality_drops": quality.get("drops", {}),
+        "quality_note": quality.get("note", ""),
+        "quality_outputs": quality.get("outputs", ""),  # a later study's baseline reference
+    }
+    attrs.update({f"q_{m}": scores[m] for m in GATE_METRICS if scores.get(m) is not None})
+    return attrs
+
+
+def quality_line(quality: Mapping[str, Any] | None) -> str:
+    """One progress/report line: the worst gated drop against its tolerance."""
+    if not quality:
+        return "quality: not measured"
+    scores, excess = quality.get("scores") or {}, quality.get("excess") or {}
+    agree = scores.get("token_agreement")
+    head = f"quality: {quality.get('items', 0)} prompts, {quality.get('errors', 0)} errors"
+    head += f", token agreement {agree:.3f}" if agree is not None else ""
+    if not excess:
+        note = quality.get("note") or "nothing to compare"
+        return f"{head}; {'GATE HAS NO DATA: ' if quality.get('applies') else ''}{note}"
+    worst = max(excess, key=lambda m: excess[m])
+    drop, tol = quality["drops"][worst], quality["tolerances"].get(worst, 0.0)
+    verdict = "within" if excess[worst] <= 0 else "OVER"
+    gated = "gated" if quality.get("applies") else "not gated here"
+    return f"{head}; worst drop {worst} {drop:.3f} {verdict} tolerance {tol:.3f} ({gated})"

@@ -1,0 +1,5 @@
+"""Moved: QualityConfig lives in tuner.config."""
+
+from tuner.config import QualityConfig
+
+__all__ = ["QualityConfig"]

@@ -1,0 +1,160 @@
+"""The words of a report: terminal summary, report.html and the dashboard's study note.
+
+All three render a :class:`~tuner.report.Report` (tables + PNG figures); none reads storage.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import math
+from typing import TYPE_CHECKING, Any
+
+import pandas as pd
+
+from tuner.diagnosis import RULE_MEANINGS
+
+if TYPE_CHECKING:
+    from tuner.report import Report
+
+FIGURE_TITLES = {
+    "pareto": "Pareto front: latency vs throughput (colour = cost, grey = infeasible)",
+    "improvement": "Improvement per stage against the baseline",
+    "latency_cdf": "Latency CDFs: baseline vs best trial",
+    "importances": "Parameter importances",
+}
+SUMMARY_COLS = ["label", "role", "status", "feasible", "pareto", "bottleneck"]
+
+
+def _fmt(value: Any) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "n/a"
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
+
+
+def _pct(value: Any) -> str:
+    return "" if value is None or pd.isna(value) else f" ({value:+.1f}%)"
+
+
+def headline(report: Report) -> list[str]:
+    """Baseline, per-stage decisions and the best config, in a few lines."""
+    r = report.review
+    base = r.baseline
+    lines = [f"study {r.name} (storage {r.storage_shown}), selection by {r.select_by}"]
+    lines.append(
+        "baseline "
+        + (
+            f"{base.label}: " + ", ".join(f"{n} {_fmt(r.value(base, n))}" for n in r.objectives)
+            if base
+            else "not found"
+        )
+    )
+    for _, st in report.stages.iterrows():
+        values = ", ".join(f"{n} {_fmt(st[n])}{_pct(st[f'{n}_change_pct'])}" for n in r.objectives)
+        verdict = "ACCEPTED" if st["accepted"] else "kept incumbent"
+        lines.append(
+            f"stage {st['stage']}: {verdict} ({st['decision']}); "
+            f"best {st['best'] or 'none'}: {values}"
+        )
+    choice = r.choice()
+    lines.append(f"best config: {choice.label}: {choice.params or '(fixed args only)'}")
+    return lines
+
+
+def summary_text(report: Report) -> str:
+    """The terminal summary of `tuner report`."""
+    t = report.trials
+    lines = headline(report)
+    if not t.empty:
+        objectives = [n for n in report.review.objectives if n in t]
+        table = t[SUMMARY_COLS + objectives]
+        lines += ["", table.to_string(index=False, float_format=lambda v: f"{v:.4g}")]
+        counts = t["bottleneck"].value_counts()
+        lines.append("bottlenecks: " + ", ".join(f"{k} {v}" for k, v in counts.items()))
+    for _, f in report.failures.iterrows():
+        lines.append(f"failed {f['label']}: {f['failure_reason']}: {f['failure_message'][:160]}")
+    return "\n".join(lines)
+
+
+def note_markdown(report: Report) -> str:
+    """The study note shown in optuna-dashboard: baseline, decisions, best config, bottlenecks."""
+    r = report.review
+    out = [f"## tuner study `{r.name}`", ""]
+    out += [f"- {line}" for line in headline(report)]
+    t = report.trials
+    if not t.empty:
+        out += [
+            "",
+            "### Trials",
+            "",
+            "| trial | role | status | bottleneck | evidence |",
+            "|---|---|---|---|---|",
+        ]
+        out += [
+            f"| {row.label} | {row.role} | {row.status} | {row.bottleneck} | "
+            f"{row.bottleneck_evidence or row.failure_reason} |"
+            for row in t.itertuples()
+        ]
+    out += [
+        "",
+        "Artifacts (server log, requests, Locust HTML/CSV, telemetry) are attached to "
+        "each measured trial. `tuner report` and `tuner export` give the rest.",
+    ]
+    return "\n".join(out) + "\n"
+
+
+def _table(frame: pd.DataFrame) -> str:
+    if frame.empty:
+        return "<p class='muted'>none</p>"
+    return frame.to_html(
+        index=False, na_rep="", float_format=lambda v: f"{v:.4g}", classes="grid", border=0
+    )
+
+
+def _figure(name: str, data: bytes) -> str:
+    encoded = base64.b64encode(data).decode("ascii")
+    title = html.escape(FIGURE_TITLES.get(name, name))
+    return (
+        f"<figure id='{name}'><img alt='{title}' src='data:image/png;base64,{encoded}'>"
+        f"<figcaption>{title} ({name}.png)</figcaption></figure>"
+    )
+
+
+def _legend() -> str:
+    items = "".join(
+        f"<li><b>{html.escape(k)}</b>: {html.escape(v)}</li>" for k, v in RULE_MEANINGS.items()
+    )
+    return f"<ul class='legend'>{items}</ul>"
+
+
+STYLE = """
+body{font-family:system-ui,sans-serif;margin:2em;max-width:1200px;color:#222}
+h1{font-size:1.5em} h2{border-bottom:1px solid #ddd;padding-bottom:.2em;margin-top:1.6em}
+table.grid{border-collapse:collapse;font-size:12px} .grid td,.grid th{border:1px solid #ddd;
+padding:3px 6px;text-align:right} .grid th{background:#f4f4f4} .muted{color:#888}
+figure{margin:1em 0} img{max-width:100%;border:1px solid #eee} .scroll{overflow-x:auto}
+ul.summary li{margin:.2em 0} ul.legend{font-size:13px}
+"""
+
+
+def html_page(report: Report) -> str:
+    """report.html: summary, figures (embedded PNGs) and tables."""
+    t = report.trials
+    objectives = [n for n in report.review.objectives if n in t]
+    overview = t[[*SUMMARY_COLS, *objectives, "bottleneck_evidence"]] if not t.empty else t
+    summary = "".join(f"<li>{html.escape(line)}</li>" for line in headline(report))
+    figures = "".join(_figure(n, d) for n, d in report.figures.items())
+    return (
+        "<!doctype html><html><head><meta charset='utf-8'>"
+        f"<title>tuner report: {html.escape(report.review.name)}</title>"
+        f"<style>{STYLE}</style></head><body>"
+        f"<h1>tuner report: {html.escape(report.review.name)}</h1>"
+        f"<ul class='summary'>{summary}</ul>"
+        f"<h2>Figures</h2>{figures}"
+        f"<h2>Stages</h2><div class='scroll'>{_table(report.stages)}</div>"
+        f"<h2>Trials and bottlenecks</h2><div class='scroll'>{_table(overview)}</div>"
+        f"{_legend()}"
+        f"<h2 id='failures'>Failures</h2><div class='scroll'>{_table(report.failures)}</div>"
+        "<h2>All trials</h2><p>Every column of every trial: trials.csv, trials.parquet.</p>"
+        "</body></html>\n"
+    )
