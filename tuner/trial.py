@@ -32,6 +32,7 @@ from tuner.telemetry import Telemetry
 STATUS_OK = "ok"
 STATUS_FAILED = "failed"
 REASON_LOADGEN = "load_generator_failed"
+REASON_NO_COMPLETED = "no_completed_requests"
 
 Progress = Callable[[str], None]
 
@@ -155,6 +156,10 @@ def _run_phases(
     outcome.measurements = m.to_dict()
     outcome.window = {"start": result.window_start, "end": result.window_end}
     outcome.telemetry = summary
+    if m.completed == 0:  # e.g. every request rejected (401, 400): nothing was measured
+        errors = ", ".join(f"{k} {v}" for k, v in m.errors_by_kind.items() if v) or "none sent"
+        _fail(outcome, REASON_NO_COMPLETED, f"no request completed in the window ({errors})", "")
+        return
     outcome.status = STATUS_OK
 
 
@@ -251,13 +256,10 @@ def _ready_line(info: ServerInfo) -> str:
 def _summary_line(outcome: TrialOutcome) -> str:
     if not outcome.ok:
         return f"trial {outcome.trial_id} FAILED ({outcome.reason}): {outcome.message}"
-    m = outcome.measurements
-    e2e = m["e2e"]["p99"]
+    m = outcome.measurements  # ok implies completed requests, so the P99 exists
     return (
         f"trial {outcome.trial_id} ok: {m['completed']} requests, "
-        f"P99 E2E {e2e:.3f} s, {m['output_throughput']:.0f} output tok/s"
-        if e2e is not None
-        else f"trial {outcome.trial_id} ok but no completed requests"
+        f"P99 E2E {m['e2e']['p99']:.3f} s, {m['output_throughput']:.0f} output tok/s"
     )
 
 
