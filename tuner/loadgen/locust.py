@@ -229,9 +229,10 @@ class LocustLoadGenerator:
     ) -> LoadResult:
         self._report_new_pids(out_dir, pids, None)
         records = self._merge(out_dir)
-        if rc != 0 and not records:
+        if rc != 0:  # killed or crashed: whatever it recorded covers part of the window only
+            got = f"recorded {len(records)} requests" if records else "recorded no request"
             raise LoadGenError(
-                f"Locust exited with code {rc} and recorded no request; "
+                f"Locust exited with code {rc} and {got}; "
                 f"last lines of {out_dir / 'locust.log'}:\n{_log_tail(out_dir / 'locust.log')}",
                 hint="fix the error shown in locust.log",
             )

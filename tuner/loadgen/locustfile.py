@@ -33,6 +33,7 @@ from locust.runners import MasterRunner, WorkerRunner
 from requests.adapters import HTTPAdapter
 from urllib3.exceptions import ReadTimeoutError
 
+from tuner.loadgen.sse import ERROR_TEXT_MAX, read_stream
 from tuner.loadgen.workload import arrival_gaps
 from tuner.records import (
     ERROR_CONNECTION,
@@ -48,7 +49,6 @@ SPEC: dict[str, Any] = json.loads(Path(os.environ["TUNER_LOADGEN_SPEC"]).read_te
 PLAN: list[dict[str, Any]] = [
     json.loads(line) for line in Path(SPEC["plan"]).read_text().splitlines() if line.strip()
 ]
-ERROR_TEXT_MAX = 500
 CLIENT_BUG_EXIT = 3  # Locust's exit code when this file itself failed on a request
 REFUSED_BACKOFF_S = 0.1  # a dead server refuses instantly: do not spin out thousands of records
 # What a broken or malformed answer raises while we read it (bad JSON, odd shapes, cut streams).
@@ -177,53 +177,6 @@ def _prepare(session: requests.Session, entry: dict[str, Any]) -> requests.Prepa
     return requests.Session.prepare_request(session, request)
 
 
-_CHAT_OUTPUT_KEYS = ("content", "reasoning_content", "reasoning")
-
-
-def _is_token_event(event: dict[str, Any], chat: bool) -> bool:
-    """Whether an SSE event carries generated output (as `vllm bench serve` counts them)."""
-    choices = event.get("choices") or []
-    if not choices:
-        return False  # the usage chunk
-    if not chat:
-        return isinstance(choices[0].get("text"), str)
-    delta = choices[0].get("delta") or {}
-    if "role" in delta and not any(delta.get(k) for k in _CHAT_OUTPUT_KEYS):
-        return False  # vLLM's role-only first chat chunk
-    return any(isinstance(delta.get(k), str) for k in _CHAT_OUTPUT_KEYS)
-
-
-def _read_stream(resp: Any, rec: RequestRecord, t_send: float, chat: bool) -> None:
-    """Fill timing and usage fields from the SSE stream; raise on a malformed stream."""
-    last: float | None = None
-    done = False
-    for raw in resp.iter_lines():
-        if not raw or raw.startswith(b":") or not raw.startswith(b"data:"):
-            continue  # blank separators, `: keep-alive` comments, other SSE fields
-        data = raw[5:].strip()
-        if data == b"[DONE]" or done:
-            # Read on to the end of the body: a response closed unread also closes its
-            # connection, and the next request would pay for a new one inside its TTFT.
-            done = True
-            continue
-        event = json.loads(data)
-        if "error" in event and not event.get("choices"):
-            raise ValueError(f"error event: {json.dumps(event['error'])[:ERROR_TEXT_MAX]}")
-        if usage := event.get("usage"):
-            rec.prompt_tokens = usage.get("prompt_tokens")
-            rec.output_tokens = usage.get("completion_tokens")
-        if _is_token_event(event, chat):
-            now = time.perf_counter()
-            if last is None:
-                rec.ttft_s = now - t_send
-            else:
-                rec.itl_s.append(now - last)
-            last = now
-    if not done or last is None:
-        raise ValueError("stream ended without [DONE]" if not done else "no token in the stream")
-    rec.e2e_s = last - t_send
-
-
 def _fail(rec: RequestRecord, kind: str, error: str) -> None:
     rec.ok = False
     rec.error_kind = kind
@@ -239,7 +192,7 @@ def _consume(resp: requests.Response, rec: RequestRecord, t_send: float, chat: b
         if rec.status != 200:
             _fail(rec, ERROR_HTTP, f"HTTP {rec.status}: {resp.content.decode('utf-8', 'replace')}")
             return
-        _read_stream(resp, rec, t_send, chat)
+        read_stream(resp.iter_lines(), rec, t_send, chat)
     except requests.exceptions.ConnectionError as exc:
         timeout = isinstance(exc.args[0] if exc.args else None, ReadTimeoutError)
         _fail(rec, ERROR_TIMEOUT if timeout else ERROR_STREAM, f"after HTTP {rec.status}: {exc!r}")
