@@ -37,13 +37,17 @@ class Decision:
     threshold: float = float("nan")
     candidate_trial: int | None = None
     candidate_params: dict[str, Any] = field(default_factory=dict)
+    # every objective of the winner's search trial, and its constraints: the new incumbent's
+    candidate_objectives: list[float] = field(default_factory=list)
+    candidate_constraints: dict[str, float] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Decision:
-        return cls(**data)
+        known = set(cls.__dataclass_fields__)
+        return cls(**{k: v for k, v in data.items() if k in known})
 
     def line(self) -> str:
         verdict = "ACCEPTED" if self.accepted else "kept incumbent"

@@ -339,6 +339,8 @@ class StudyRunner:
             stage.name, obj, direction, inc_vals, cand_vals, feasible, self.config.study.min_gain
         )
         decision.candidate_trial, decision.candidate_params = winner.number, cand_params
+        decision.candidate_objectives = list(winner.values)
+        decision.candidate_constraints = dict(winner.constraints)
         return decision
 
     def _repeats(
@@ -380,13 +382,13 @@ class StudyRunner:
     def _apply(self, decision: Decision, incumbent: Incumbent, stage: Stage) -> Incumbent:
         if not decision.accepted:
             return incumbent
-        idx = self.evaluator.select_index
-        values = list(incumbent.values)
-        values[idx] = decision.candidate_mean
+        # The winner's own objectives, with the selection objective at its confirmed mean.
+        values = list(decision.candidate_objectives or incumbent.values)
+        values[self.evaluator.select_index] = decision.candidate_mean
         return Incumbent(
             dict(decision.candidate_params),
             values,
-            {},
+            dict(decision.candidate_constraints),
             f"{stage.name} trial {decision.candidate_trial}",
         )
 
