@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import resource
 import subprocess
 import sys
 import threading
@@ -37,6 +38,11 @@ BUSY = "import time\nt = time.time()\nwhile time.time() - t < 1.5:\n    pass"
 IDLE = "import time; time.sleep(1.5)"
 # A parent that idles while its child burns a core: CPU must be counted over the whole tree.
 PARENT_OF_BUSY = f"import subprocess, sys; subprocess.run([sys.executable, '-c', {BUSY!r}])"
+
+
+def _children_cpu_s() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def _python(code: str) -> subprocess.Popen[bytes]:
@@ -101,6 +107,7 @@ def _closed_port_url() -> str:
 
 def test_process_sampler_counts_children_and_tells_busy_from_idle() -> None:
     sampler = ProcessSampler(interval_s=0.2)
+    before, t0 = _children_cpu_s(), time.monotonic()
     busy, idle = _python(PARENT_OF_BUSY), _python(IDLE)
     sampler.watch("client", busy.pid)
     sampler.start()
@@ -108,13 +115,17 @@ def test_process_sampler_counts_children_and_tells_busy_from_idle() -> None:
     busy.wait(timeout=20)
     idle.wait(timeout=20)
     sampler.stop()
+    # The truth from the kernel (rusage of reaped children), so a busy machine that gives the
+    # loop less than a core does not fail the test; the sampler must agree with it.
+    share = (_children_cpu_s() - before) / (time.monotonic() - t0)
     summary = sampler.summary()
-    assert summary["client_cpu_mean_cores"] >= 0.5
+    assert share > 0.1
+    assert summary["client_cpu_mean_cores"] >= 0.6 * share
     assert summary["client_procs_max"] == 2
     assert summary["idle_cpu_mean_cores"] < 0.2
     assert summary["client_rss_max_mib"] > 1.0
-    assert sampler.client_saturated(0.5) is True
-    assert sampler.client_saturated(0.5, label="idle") is False
+    assert sampler.client_saturated(0.5 * share) is True
+    assert sampler.client_saturated(0.5 * share, label="idle") is False
     assert any("client process" in w and "exited" in w for w in sampler.warnings)
     assert list(sampler.samples.columns) == ["t", "label", "cpu_cores", "rss_mib", "nprocs"]
     assert not sampler.running
@@ -310,7 +321,8 @@ def test_nvml_sampler_rejects_missing_gpu_index(monkeypatch: pytest.MonkeyPatch)
 
 def test_telemetry_facade_end_to_end(metrics_server: tuple[str, Any], tmp_path: Path) -> None:
     url, _ = metrics_server
-    config = TelemetryConfig(interval_s=0.2, metrics_interval_s=0.5, client_saturation_cpu=0.5)
+    # 0.15 core: a busy loop gets more even on a loaded 2-core machine; the idle server far less
+    config = TelemetryConfig(interval_s=0.2, metrics_interval_s=0.5, client_saturation_cpu=0.15)
     server, client = _python(IDLE), _python(BUSY)
     with Telemetry(config, url, "key", server_pid=server.pid, gpu_indices=None) as tel:
         tel.watch_client(client.pid)
