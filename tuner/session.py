@@ -39,6 +39,9 @@ class Session:
 
     def preflight(self) -> None:
         """Checks that cost seconds, not server starts: devices, flags, model, port."""
+        # The lock first: a second run of the same study must not spend a vLLM import (CPU
+        # the running study is measuring with) before it learns that it cannot run.
+        self._take_lock()
         cfg = self.config
         python = cfg.server.python or _sys_python()
         unknown = search_space.unknown_params(cfg.search_space, vllm_flags(python))
@@ -51,7 +54,6 @@ class Session:
         error = check_argv(python, _flag_part(backend.argv(), cfg))
         if error:
             raise PreflightError(f"vLLM rejects the fixed server args: {error}")
-        self._take_lock()
 
     def _take_lock(self) -> None:
         """One `tuner run` per study folder: a second one would mark the first's trials failed."""

@@ -205,17 +205,18 @@ class StudyRunner:
                     trial_id,
                     progress=lambda msg: self.say(f"{prefix} {msg}"),
                 )
-        except KeyboardInterrupt:
+        except (KeyboardInterrupt, TunerError) as exc:
             # Every process is already reaped; record why this trial has no result and let
-            # the interrupt end the run (the next `tuner run` re-asks this slot).
+            # the interrupt or error (e.g. a full disk) end the run (the next `tuner run`
+            # re-asks this slot), so the trial does not stay RUNNING in the storage.
             trial.set_user_attr(ATTR_INTERRUPTED, True)
             trial.study.tell(trial, state=TrialState.FAIL)
-            self.say(f"{prefix} interrupted: trial marked failed; run the same command to resume")
+            what = "interrupted" if isinstance(exc, KeyboardInterrupt) else "stopped by an error"
+            self.say(f"{prefix} {what}: trial marked failed; run the same command to resume")
             raise
         self._attach_quality(outcome, label, role, prefix)
         result = self.evaluator.evaluate(outcome, params)
         self._record(trial, result, params, label, role, launch)
-        self._count_failure(result)
         return result
 
     def _attach_quality(self, outcome: TrialOutcome, label: str, role: str, prefix: str) -> None:
@@ -250,6 +251,7 @@ class StudyRunner:
         # violated 'failed' constraint) so the sampler learns to avoid the region; a FAIL
         # state would be ignored by TPE.
         study.tell(trial, result.values)
+        self._count_failure(result)  # after tell: the trial that trips the budget is stored
 
     def _count_failure(self, result: Evaluated) -> None:
         if result.outcome.ok:

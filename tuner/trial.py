@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from tuner.config import TunerConfig
-from tuner.errors import LoadGenError, ServerError
+from tuner.errors import ArtifactError, LoadGenError, ServerError
 from tuner.loadgen import LoadResult, Target, get_load_generator
 from tuner.measure import Measurements, measure
 from tuner.paths import TrialPaths
@@ -68,8 +68,14 @@ class TrialOutcome:
 
     def write(self, path: Path) -> None:
         tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(self.to_dict(), indent=2, sort_keys=True), encoding="utf-8")
-        os.replace(tmp, path)  # atomic: a reader never sees half a result
+        try:
+            tmp.write_text(json.dumps(self.to_dict(), indent=2, sort_keys=True), encoding="utf-8")
+            os.replace(tmp, path)  # atomic: a reader never sees half a result
+        except OSError as exc:  # e.g. a full disk: the run cannot keep its results
+            raise ArtifactError(
+                f"cannot write the trial result {path}: {exc.strerror or exc}",
+                hint="free disk space or fix the permissions of studies_dir, then run again",
+            ) from exc
 
     @classmethod
     def read(cls, path: Path) -> TrialOutcome:
