@@ -229,7 +229,7 @@ class StudyRunner:
         stage = next((s for s in self.stages if label in (s.name, f"{s.name}-confirm")), None)
         gated = stage is not None and gate_applies(q, stage.name, stage.specs)
         outcome.quality = attach_quality(outcome.quality, self.baseline_quality, q, gated)
-        outcome.write(Path(outcome.folder) / "result.json")
+        outcome.write(self.paths.trial(outcome.trial_id).ensure().result_json)
         self.say(f"{prefix} {quality_line(outcome.quality)}")
 
     def _record(
