@@ -1,0 +1,331 @@
+"""Does tuner measure what vLLM's own client measures? And how much load can one client drive?
+
+``compare``: one vLLM-CPU server (started by tuner's own backend), the same workload driven
+alternately by ``vllm bench serve`` (imported from the installed vLLM and run in a subprocess:
+the ``vllm`` console script of vllm-cpu is broken) and by tuner's Locust load generator, in the
+order A B B A A B B A ... so that a drift of the shared machine hits both clients alike. Both
+send N completions of a fixed prompt length and a fixed output length (``ignore_eos``) with
+the same number in flight, no warm-up. Reported: ours / vLLM's for P50/P99 TTFT, TPOT and E2E
+(vLLM's own reported percentiles against tuner.measure's) and output tok/s, per pair and median.
+
+Output tok/s is defined differently on purpose: vLLM divides every output token by the time from
+the first send to the last completion (ramp-up and tail included); tuner divides the tokens of
+requests started in the window by the window (to the last *start*; the tail drains outside it).
+``output_tok_s_aligned`` applies vLLM's definition to tuner's own records, so a gap between the
+two clients and a gap between the two definitions are told apart.
+
+``headroom``: tuner's Locust client against the fake streaming server with known delays
+(tests/fakes/sse_server.py), growing concurrency at a short inter-token gap: the SSE events/s
+one Locust process sustains before its TTFT P99 moves by 5 ms. The fake runs in this process and
+records the delays it really achieved, so the client's own share of a TTFT shift (client P99 -
+server P99) is reported next to the raw shift.
+
+    .venv/bin/python benchmarks/fidelity.py compare --rounds 4
+    .venv/bin/python benchmarks/fidelity.py headroom
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import psutil
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from tuner.cli import compose  # noqa: E402
+from tuner.config import LengthDist, RequestClass, SloConfig, WorkloadConfig  # noqa: E402
+from tuner.loadgen import LocustLoadGenerator, Target  # noqa: E402
+from tuner.measure import Measurements, measure  # noqa: E402
+from tuner.records import read_records  # noqa: E402
+from tuner.server import LaunchSpec, make_backend  # noqa: E402
+
+DEFAULT_OUT = ROOT / "benchmarks" / "results"
+METRICS = ("ttft", "tpot", "e2e")
+VLLM_NAME = {"ttft": "ttft", "tpot": "tpot", "e2e": "e2el"}
+# vllm bench serve, from the installed package, with its own argument parser.
+VLLM_BENCH = (
+    "import json, resource, sys\n"
+    "from vllm.utils.argparse_utils import FlexibleArgumentParser\n"
+    "from vllm.benchmarks.serve import add_cli_args, main\n"
+    "p = FlexibleArgumentParser(); add_cli_args(p)\n"
+    "def cpu():\n"
+    "    u = resource.getrusage(resource.RUSAGE_SELF); return u.ru_utime + u.ru_stime\n"
+    "c0 = cpu(); r = main(p.parse_args(sys.argv[2:])); r['client_cpu_s'] = cpu() - c0\n"
+    "keep = {k: v for k, v in r.items() if not isinstance(v, list) or k in "
+    "('ttfts', 'latencies', 'output_lens', 'start_times', 'errors')}\n"
+    "open(sys.argv[1], 'w').write(json.dumps(keep, default=str))\n"
+)
+
+
+# ---- compare --------------------------------------------------------------------------------
+def workload(args: argparse.Namespace) -> WorkloadConfig:
+    cls = RequestClass(
+        name="random",
+        api="completions",
+        prompt_tokens=LengthDist(kind="fixed", mean=args.input_len),
+        output_tokens=LengthDist(kind="fixed", mean=args.output_len),
+    )
+    return WorkloadConfig(
+        classes=[cls], mode="closed", concurrency=args.concurrency, warmup_s=0.0,
+        window_s=3600.0, max_requests=args.num_prompts, request_timeout_s=300.0,
+        drain_timeout_s=300.0,
+    )  # fmt: skip
+
+
+def run_vllm_bench(
+    args: argparse.Namespace, target: Target, out: Path, seed: int
+) -> dict[str, float]:
+    result_path = out / f"vllm-{seed}.json"
+    argv = [
+        "--backend", "vllm", "--base-url", target.base_url, "--endpoint", "/v1/completions",
+        "--model", target.model, "--tokenizer", target.tokenizer,
+        "--dataset-name", "random", "--random-input-len", str(args.input_len),
+        "--random-output-len", str(args.output_len), "--random-range-ratio", "0",
+        "--num-prompts", str(args.num_prompts), "--max-concurrency", str(args.concurrency),
+        "--request-rate", "inf", "--ignore-eos", "--seed", str(seed), "--disable-tqdm",
+        "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,99",
+    ]  # fmt: skip
+    env = dict(os.environ, OPENAI_API_KEY=target.api_key or "", HF_HUB_OFFLINE="1")
+    cmd = [sys.executable, "-c", VLLM_BENCH, str(result_path), *argv]
+    with (out / f"vllm-{seed}.log").open("wb") as log:
+        subprocess.run(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, check=True, timeout=900)
+    r = json.loads(result_path.read_text())
+    row = {"output_tok_s": float(r["output_throughput"]), "completed": float(r["completed"])}
+    # Little's law: the mean number of requests in flight the client really kept.
+    row["mean_inflight"] = sum(x for x in r["latencies"] if x) / float(r["duration"])
+    row["client_cpu_s"] = float(r["client_cpu_s"])  # main() only: not the imports
+    spans = [(s, s + x) for s, x in zip(r["start_times"], r["latencies"], strict=True) if x]
+    row["steady_inflight"] = steady_inflight(spans)
+    for m in METRICS:
+        for p in ("p50", "p99"):
+            key = f"median_{VLLM_NAME[m]}_ms" if p == "p50" else f"p99_{VLLM_NAME[m]}_ms"
+            row[f"{p}_{m}_s"] = float(r[key]) / 1000
+    return row
+
+
+def run_ours(target: Target, wl: WorkloadConfig, out: Path, seed: int) -> dict[str, float]:
+    wl.seed = seed
+    folder = out / f"ours-{seed}"
+    cpu0 = _children_cpu_s()
+    result = LocustLoadGenerator().run(target, wl, folder)
+    client_cpu_s = _children_cpu_s() - cpu0  # the Locust process, its start-up included
+    records = list(read_records(result.records_path))
+    m: Measurements = measure(records, result.window_start, result.window_end, SloConfig())
+    row = {"output_tok_s": m.output_throughput, "completed": float(m.completed)}
+    row["client_cpu_s"] = client_cpu_s
+    for name in METRICS:
+        stats = getattr(m, name)
+        row[f"p50_{name}_s"], row[f"p99_{name}_s"] = stats.p50, stats.p99
+    done = [r for r in records if r.ok and r.e2e_s is not None]
+    span = max(r.sent_at + (r.e2e_s or 0) for r in done) - min(r.sent_at for r in done)
+    row["output_tok_s_aligned"] = sum(r.output_tokens or 0 for r in done) / span
+    row["mean_inflight"] = sum(r.e2e_s or 0 for r in done) / span
+    row["steady_inflight"] = steady_inflight(
+        [(r.sent_at, r.sent_at + (r.e2e_s or 0)) for r in done]
+    )
+    return row
+
+
+def _children_cpu_s() -> float:
+    """CPU seconds of this process's finished, waited-for children (Locust, not the server)."""
+    u = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return u.ru_utime + u.ru_stime
+
+
+def steady_inflight(spans: Sequence[tuple[float, float]]) -> float:
+    """Mean requests in flight over the middle half of the run (no ramp-up, no tail)."""
+    start, end = np.array([s for s, _ in spans]), np.array([e for _, e in spans])
+    t0, t1 = start.min(), end.max()
+    ts = np.linspace(t0 + 0.25 * (t1 - t0), t1 - 0.25 * (t1 - t0), 2000)
+    return float(np.mean([np.count_nonzero((start <= t) & (t < end)) for t in ts]))
+
+
+def compare(args: argparse.Namespace) -> dict[str, Any]:
+    config = compose(args.overrides)
+    wl = workload(args)
+    pairs: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory(prefix="fidelity-") as tmp:
+        out = Path(tmp)
+        server = make_backend(config.server, LaunchSpec(), out / "server.log")
+        with server:  # starts it; stops and reaps it on the way out, whatever happens
+            info = server.wait_ready(time.monotonic() + config.server.startup_timeout_s)
+            target = Target(info.base_url, server.api_key, config.server.model,
+                            config.server.model)  # fmt: skip
+            for rnd in range(args.rounds):
+                order = ("vllm", "ours") if rnd % 2 == 0 else ("ours", "vllm")
+                row: dict[str, Any] = {"round": rnd, "order": "/".join(order)}
+                for who in order:
+                    seed = 100 * rnd + (1 if who == "ours" else 2)
+                    t0 = time.monotonic()
+                    row[who] = (
+                        run_vllm_bench(args, target, out, seed) if who == "vllm"
+                        else run_ours(target, wl, out, seed)
+                    )  # fmt: skip
+                    print(f"round {rnd} {who}: {_fmt(row[who])} ({time.monotonic() - t0:.0f} s)",
+                          flush=True)  # fmt: skip
+                row["ratio"] = ratios(row["ours"], row["vllm"])
+                pairs.append(row)
+    return {
+        "workload": {"input_len": args.input_len, "output_len": args.output_len,
+                     "concurrency": args.concurrency, "num_prompts": args.num_prompts},
+        "server_args": {**config.server.args}, "pairs": pairs, "median_ratio": median_ratios(pairs),
+    }  # fmt: skip
+
+
+def ratios(ours: dict[str, float], vllm: dict[str, float]) -> dict[str, float]:
+    out = {k: round(ours[k] / vllm[k], 4) for k in vllm if k != "completed" and vllm[k]}
+    out["output_tok_s_aligned"] = round(ours["output_tok_s_aligned"] / vllm["output_tok_s"], 4)
+    return out
+
+
+def median_ratios(pairs: Sequence[dict[str, Any]]) -> dict[str, dict[str, float]]:
+    keys = list(pairs[0]["ratio"])
+    out = {}
+    for k in keys:
+        vals = [p["ratio"][k] for p in pairs]
+        out[k] = {"median": round(statistics.median(vals), 4), "min": min(vals), "max": max(vals)}
+    return out
+
+
+def _fmt(row: dict[str, float]) -> str:
+    return ", ".join(f"{k} {v:.4g}" for k, v in row.items())
+
+
+# ---- headroom -------------------------------------------------------------------------------
+class CpuWatch:
+    """CPU seconds of one process tree, sampled until it exits (the last sample counts)."""
+
+    def __init__(self) -> None:
+        self.cpu_s = 0.0
+        self._threads: list[threading.Thread] = []
+
+    def watch(self, pid: int) -> None:
+        t = threading.Thread(target=self._loop, args=(pid,), daemon=True)
+        t.start()
+        self._threads.append(t)
+
+    def _loop(self, pid: int) -> None:
+        try:
+            proc = psutil.Process(pid)
+            while proc.is_running():
+                times = proc.cpu_times()
+                self.cpu_s = max(self.cpu_s, times.user + times.system)
+                time.sleep(0.2)
+        except psutil.Error:
+            return
+
+    def join(self) -> None:
+        for t in self._threads:
+            t.join(timeout=5)
+
+
+def headroom(args: argparse.Namespace) -> dict[str, Any]:
+    from tests.fakes import make_tiny_tokenizer
+    from tests.fakes.sse_server import FakeConfig, FakeServer
+
+    tok = ROOT / "models" / "tiny-llama"
+    levels: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory(prefix="headroom-") as tmp:
+        tok_dir = tok if (tok / "tokenizer.json").exists() else make_tiny_tokenizer(Path(tmp))
+        with FakeServer(
+            FakeConfig(ttft_s=args.ttft, itl_s=args.itl, keepalive_comments=False)
+        ) as fake:
+            target = Target(fake.url, None, "fake", str(tok_dir))
+            for users in args.users:
+                fake.reset()
+                levels.append(_level(fake, target, users, args, Path(tmp) / f"u{users}"))
+                print(json.dumps(levels[-1]), flush=True)
+    base = levels[0]
+    for lv in levels:
+        lv["ttft_p99_shift_ms"] = round(lv["client_ttft_p99_ms"] - base["client_ttft_p99_ms"], 2)
+        lv["client_share_shift_ms"] = round(
+            lv["client_minus_server_p99_ms"] - base["client_minus_server_p99_ms"], 2
+        )
+    ok = [lv for lv in levels if lv["ttft_p99_shift_ms"] <= args.shift_ms]
+    return {
+        "fake": {"ttft_s": args.ttft, "itl_s": args.itl, "output_tokens": args.output_len},
+        "window_s": args.window, "levels": levels, "shift_limit_ms": args.shift_ms,
+        "sustained_events_per_s": max((lv["events_per_s"] for lv in ok), default=None),
+    }  # fmt: skip
+
+
+def _level(fake: Any, target: Target, users: int, args: argparse.Namespace, out: Path) -> dict:
+    cls = RequestClass(
+        prompt_tokens=LengthDist(mean=32), output_tokens=LengthDist(mean=args.output_len)
+    )
+    wl = WorkloadConfig(classes=[cls], mode="closed", concurrency=users, warmup_s=2.0,
+                        window_s=args.window, drain_timeout_s=30.0)  # fmt: skip
+    cpu = CpuWatch()
+    t0 = time.monotonic()
+    result = LocustLoadGenerator().run(target, wl, out, cpu.watch)
+    wall = time.monotonic() - t0
+    cpu.join()
+    records = list(read_records(result.records_path))
+    m = measure(records, result.window_start, result.window_end, SloConfig())
+    done = [r for r in records if r.ok and r.phase == "measure"]
+    events = sum(len(r.itl_s) + 1 for r in done)
+    server_ttft = [t.first_token_s for t in fake.timings]
+    client_p99, server_p99 = (
+        (m.ttft.p99 or 0.0) * 1000,
+        float(np.percentile(server_ttft, 99)) * 1000,
+    )
+    return {
+        "users": users, "events_per_s": round(events / m.window_s), "completed": m.completed,
+        "errors": m.failed, "client_ttft_p99_ms": round(client_p99, 2),
+        "server_ttft_p99_ms": round(server_p99, 2),
+        "client_minus_server_p99_ms": round(client_p99 - server_p99, 2),
+        "itl_p50_ms": round((m.itl.p50 or 0) * 1000, 2),
+        "client_cpu_cores": round(cpu.cpu_s / wall, 2),  # averaged over the whole run
+    }  # fmt: skip
+
+
+# ---- CLI ------------------------------------------------------------------------------------
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    sub = p.add_subparsers(dest="command", required=True)
+    c = sub.add_parser("compare", help="tuner's client vs vllm bench serve on one server")
+    c.add_argument("--rounds", type=int, default=4, help="A/B pairs (order alternates)")
+    c.add_argument("--num-prompts", type=int, default=320)
+    c.add_argument("--concurrency", type=int, default=16)
+    c.add_argument("--input-len", type=int, default=256)
+    c.add_argument("--output-len", type=int, default=64)
+    c.add_argument("overrides", nargs="*", help="Hydra overrides for the server")
+    h = sub.add_parser("headroom", help="events/s one Locust process sustains (fake server)")
+    h.add_argument("--users", type=int, nargs="+", default=[4, 16, 32, 64, 128])
+    h.add_argument("--ttft", type=float, default=0.05)
+    h.add_argument("--itl", type=float, default=0.005)
+    h.add_argument("--output-len", type=int, default=64)
+    h.add_argument("--window", type=float, default=10.0)
+    h.add_argument("--shift-ms", type=float, default=5.0)
+    return p.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    result = compare(args) if args.command == "compare" else headroom(args)
+    args.out.mkdir(parents=True, exist_ok=True)
+    name = "fidelity.json" if args.command == "compare" else "client_headroom.json"
+    result["machine_loadavg_at_end"] = os.getloadavg()
+    (args.out / name).write_text(json.dumps(result, indent=1, default=str) + "\n")
+    summary = result.get("median_ratio") or result.get("sustained_events_per_s")
+    print(json.dumps(summary, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,216 @@
+"""Measure the full grid of a real vLLM-CPU landscape through tuner's own trial runner.
+
+Every configuration of max_num_seqs x max_num_batched_tokens x enforce_eager is measured
+``--repeats`` times with :func:`tuner.trial.run_trial` (real server, real Locust load, raw
+per-request records), in an interleaved order: repeat r visits every configuration once, in a
+shuffled order of its own, before repeat r+1 starts, so slow drifts of the shared machine spread
+over all configurations instead of biasing some. One CSV row per measurement; the script is
+resumable (rows already in the CSV are skipped), so an interrupted run continues with::
+
+    .venv/bin/python benchmarks/measure_grid.py            # (re)measure what is missing
+
+The table feeds benchmarks/replay.py (search strategies replayed against measured values).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import itertools
+import os
+import random
+import shutil
+import signal
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from tuner.cli import compose  # noqa: E402
+from tuner.evaluation import Evaluator  # noqa: E402
+from tuner.paths import StudyPaths  # noqa: E402
+from tuner.server import LaunchSpec  # noqa: E402
+from tuner.trial import run_trial  # noqa: E402
+
+DEFAULT_CSV = ROOT / "benchmarks" / "data" / "grid_vllm_cpu.csv"
+GRID: dict[str, list[Any]] = {
+    "max_num_seqs": [4, 16, 64, 256],
+    "max_num_batched_tokens": [512, 2048, 8192],
+    "enforce_eager": [True, False],
+}
+PARAMS = list(GRID)
+COLUMNS = [
+    "config_id", "repeat", "order", *PARAMS, "status", "reason",
+    "p50_e2e_s", "p99_e2e_s", "p50_ttft_s", "p99_ttft_s", "p50_tpot_s", "p99_tpot_s",
+    "output_tok_s", "request_per_s", "cost_per_m_tok", "error_rate", "completed", "failed",
+    "kv_cache_tokens", "startup_s", "trial_s", "client_saturated", "loadavg_1m", "started_at",
+    "errors_by_kind", "message",
+]  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Point:
+    config_id: str
+    params: dict[str, Any]
+
+
+def grid_points() -> list[Point]:
+    points = []
+    for values in itertools.product(*GRID.values()):
+        params = dict(zip(PARAMS, values, strict=True))
+        cid = f"s{params['max_num_seqs']}-b{params['max_num_batched_tokens']}-" + (
+            "eager" if params["enforce_eager"] else "compiled"
+        )
+        points.append(Point(cid, params))
+    # vLLM's own defaults (max_num_seqs/max_num_batched_tokens left out: 128/2048 on a CPU
+    # server), with the fixed args' enforce_eager and without it: the baseline of a study and
+    # the configurations a staged search visits when a stage keeps the defaults.
+    points.append(Point("default-eager", {}))
+    points.append(Point("default-compiled", {"enforce_eager": False}))
+    return points
+
+
+def schedule(points: Sequence[Point], repeats: int, seed: int) -> Iterator[tuple[int, Point]]:
+    """Repeat by repeat, each a full pass over the grid in its own shuffled order."""
+    for rep in range(repeats):
+        order = list(points)
+        random.Random(seed * 1000 + rep).shuffle(order)
+        for point in order:
+            yield rep, point
+
+
+def done_keys(path: Path) -> set[tuple[str, int]]:
+    if not path.exists():
+        return set()
+    with path.open(newline="", encoding="utf-8") as f:
+        return {(r["config_id"], int(r["repeat"])) for r in csv.DictReader(f)}
+
+
+def overrides(args: argparse.Namespace) -> list[str]:
+    return [
+        "workload=quickstart",
+        f"workload.concurrency={args.concurrency}",
+        f"workload.warmup_s={args.warmup}",
+        f"workload.window_s={args.window}",
+        "workload.drain_timeout_s=60",
+        f"studies_dir={args.studies_dir}",
+        "name=grid",
+        # The SLO is applied later by the replay (it picks one that splits the grid); none here.
+        "slo.p99_e2e_s=0",
+        "slo.max_error_rate=1.0",
+    ]
+
+
+def _stat(m: dict[str, Any], metric: str, stat: str) -> float | str:
+    value = m.get(metric, {}).get(stat)
+    return "" if value is None else round(float(value), 5)
+
+
+def row_of(point: Point, rep: int, order: int, outcome: Any, cost: float) -> dict[str, Any]:
+    m = outcome.measurements or {}
+    ok = outcome.ok and m.get("completed", 0) > 0
+    row: dict[str, Any] = {c: "" for c in COLUMNS}
+    row.update({"enforce_eager": True, **point.params})  # True: the fixed args' value
+    row.update(
+        config_id=point.config_id,
+        repeat=rep,
+        order=order,
+        status="ok" if ok else "failed",
+        reason=outcome.reason if not outcome.ok else ("" if ok else "no_completed_requests"),
+        startup_s=outcome.timings.get("startup", ""),
+        trial_s=outcome.timings.get("total", ""),
+        kv_cache_tokens=outcome.server.get("kv_cache_tokens") or "",
+        client_saturated=bool(outcome.telemetry.get("client_saturated", False)),
+        loadavg_1m=round(os.getloadavg()[0], 2),
+        started_at=time.strftime("%Y-%m-%dT%H:%M:%S"),
+        message=(outcome.message or "")[:200],
+    )
+    if m:
+        row.update(
+            p50_e2e_s=_stat(m, "e2e", "p50"),
+            p99_e2e_s=_stat(m, "e2e", "p99"),
+            p50_ttft_s=_stat(m, "ttft", "p50"),
+            p99_ttft_s=_stat(m, "ttft", "p99"),
+            p50_tpot_s=_stat(m, "tpot", "p50"),
+            p99_tpot_s=_stat(m, "tpot", "p99"),
+            output_tok_s=round(float(m["output_throughput"]), 2),
+            request_per_s=round(float(m["request_throughput"]), 3),
+            error_rate=round(float(m["error_rate"]), 4),
+            completed=m["completed"],
+            failed=m["failed"],
+            errors_by_kind=";".join(f"{k}={v}" for k, v in m.get("errors_by_kind", {}).items()),
+        )
+    if ok and cost == cost and cost not in (float("inf"), float("-inf")):
+        row["cost_per_m_tok"] = round(cost, 5)
+    return row
+
+
+def append_row(path: Path, row: dict[str, Any]) -> None:
+    new = not path.exists()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a", newline="", encoding="utf-8") as f:
+        writer = csv.DictWriter(f, fieldnames=COLUMNS)
+        if new:
+            writer.writeheader()
+        writer.writerow(row)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def measure(args: argparse.Namespace) -> int:
+    config = compose(overrides(args))
+    evaluator = Evaluator(config)
+    cost_idx = evaluator.names.index("cost_per_million_tokens")
+    study = StudyPaths.for_study(config.studies_dir, config.name)
+    done = done_keys(args.csv)
+    todo = [(r, p) for r, p in schedule(grid_points(), args.repeats, args.seed) if
+            (p.config_id, r) not in done]  # fmt: skip
+    print(f"{len(done)} rows in {args.csv}; {len(todo)} to measure", flush=True)
+    for i, (rep, point) in enumerate(todo):
+        if args.dry_run:
+            print(f"would measure {point.config_id} repeat {rep}")
+            continue
+        trial_id = f"{point.config_id}-r{rep}"
+        paths = study.trial(trial_id)
+        t0 = time.monotonic()
+        outcome = run_trial(config, LaunchSpec(args=dict(point.params)), paths, trial_id)
+        result = evaluator.evaluate(outcome, dict(point.params))
+        row = row_of(point, rep, len(done) + i, outcome, result.values[cost_idx])
+        append_row(args.csv, row)
+        print(
+            f"[{i + 1}/{len(todo)}] {trial_id}: {row['status']} {row['reason']} "
+            f"p99_e2e={row['p99_e2e_s']} out_tok_s={row['output_tok_s']} "
+            f"({time.monotonic() - t0:.0f} s, load {row['loadavg_1m']})",
+            flush=True,
+        )
+        if not args.keep_trials and row["status"] == "ok":  # keep a failure's logs to read
+            shutil.rmtree(paths.root, ignore_errors=True)
+    return 0
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--csv", type=Path, default=DEFAULT_CSV, help="append here; resume from it")
+    p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--concurrency", type=int, default=64, help="closed-loop users")
+    p.add_argument("--warmup", type=float, default=3.0)
+    p.add_argument("--window", type=float, default=10.0)
+    p.add_argument("--seed", type=int, default=0, help="shuffles each repeat's order")
+    p.add_argument("--studies-dir", type=Path, default=Path("/tmp/tuner-grid"))
+    p.add_argument("--keep-trials", action="store_true", help="keep each trial's folder")
+    p.add_argument("--dry-run", action="store_true", help="list what would be measured")
+    return p.parse_args(argv)
+
+
+def _sigterm(_signum: int, _frame: object) -> None:
+    raise KeyboardInterrupt  # run_trial reaps the server and the client on the way out
+
+
+if __name__ == "__main__":
+    signal.signal(signal.SIGTERM, _sigterm)
+    sys.exit(measure(parse_args()))
