@@ -24,8 +24,9 @@ from tuner.fingerprint import fingerprint, hardware, public_env
 from tuner.quality import quality_fingerprint
 from tuner.server import LaunchSpec, make_backend
 from tuner.server.vllm_parser import check_argv, vllm_flags, vllm_version
+from tuner.stage import StudyResult
 from tuner.storage import check_url
-from tuner.study import Progress, StudyResult, StudyRunner
+from tuner.study import Progress, StudyRunner
 from tuner.telemetry import gpu_count, gpu_inventory
 
 

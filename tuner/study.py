@@ -17,7 +17,6 @@ import json
 import shlex
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +25,7 @@ from optuna.trial import TrialState
 
 from tuner import search_space
 from tuner.acceptance import Decision, decide
-from tuner.config import ParamSpec, TunerConfig
+from tuner.config import TunerConfig
 from tuner.errors import TunerError
 from tuner.evaluation import Evaluated, Evaluator
 from tuner.fingerprint import digest
@@ -34,6 +33,7 @@ from tuner.paths import StudyPaths
 from tuner.quality import attach_quality, check_config, gate_applies, quality_line
 from tuner.sampler import make_sampler
 from tuner.server import LaunchSpec
+from tuner.stage import Incumbent, Stage, StudyResult, incumbent_of, plan_stages, spec_text
 from tuner.storage import ATTR_INTERRUPTED, Heartbeat, fail_unfinished_trials, open_storage
 from tuner.trial import TrialOutcome, run_trial
 
@@ -42,44 +42,8 @@ ROLE_BASELINE, ROLE_INCUMBENT, ROLE_SEARCH = "baseline", "incumbent", "search"
 ATTR_DECISION = "decision"
 
 
-@dataclass
-class Stage:
-    name: str
-    specs: dict[str, ParamSpec]
-
-
-@dataclass
-class Incumbent:
-    """The best configuration so far: explicit params on top of the fixed args."""
-
-    params: dict[str, Any]
-    values: list[float]
-    constraints: dict[str, float]
-    source: str
-
-
-@dataclass
-class StudyResult:
-    baseline: Incumbent
-    final: Incumbent
-    decisions: list[Decision] = field(default_factory=list)
-    pareto: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
-
-
 class StudyFailedError(TunerError):
     """The study stopped because trials fail systematically."""
-
-
-def plan_stages(config: TunerConfig) -> list[Stage]:
-    """Stages in the configured order; the joint strategy is one stage over every group."""
-    space = config.search_space
-    names = [s for s in config.study.stages if s in space]
-    if config.study.strategy == "joint":
-        union: dict[str, ParamSpec] = {}
-        for name in names:
-            union.update(space[name])
-        return [Stage("joint", union)] if union else []
-    return [Stage(name, space[name]) for name in names]
 
 
 class StudyRunner:
@@ -126,7 +90,7 @@ class StudyRunner:
             f"baseline: {shlex.join(baseline_argv)}",
         ]
         for st in self.stages:
-            space = ", ".join(f"{p}: {_spec_text(s)}" for p, s in st.specs.items())
+            space = ", ".join(f"{p}: {spec_text(s)}" for p, s in st.specs.items())
             lines.append(f"stage {st.name}: {cfg.trials_per_stage} trials over {{{space}}}")
         lines.append(f"budget: at most {1 + per_stage * len(self.stages)} server launches")
         return "\n".join(lines)
@@ -177,7 +141,7 @@ class StudyRunner:
             self.say(f"baseline {key}: reusing trial {done[-1].number} (same fingerprint)")
             ref = done[-1].user_attrs.get("quality_outputs")
             self.baseline_quality = Path(ref) if ref else None
-            return _incumbent_of(done[-1], "baseline")
+            return incumbent_of(done[-1], "baseline")
         self.say(f"baseline {key}: measuring vLLM with the fixed args only")
         trial = study.ask()
         result = self._measure(trial, "baseline", {}, ROLE_BASELINE)
@@ -423,16 +387,6 @@ def _ok(trial: optuna.trial.FrozenTrial) -> bool:
 
 def _feasible(trial: optuna.trial.FrozenTrial) -> bool:
     return all(v <= 0 for v in trial.constraints.values())
-
-
-def _incumbent_of(trial: optuna.trial.FrozenTrial, source: str) -> Incumbent:
-    return Incumbent({}, list(trial.values), dict(trial.constraints), source)
-
-
-def _spec_text(spec: ParamSpec) -> str:
-    if spec.choices is not None:
-        return str(list(spec.choices))
-    return f"[{spec.low}, {spec.high}]{' log' if spec.log else ''}"
 
 
 def _jsonable(value: Any) -> Any:
