@@ -98,6 +98,7 @@ def run_vllm_bench(
         "--num-prompts", str(args.num_prompts), "--max-concurrency", str(args.concurrency),
         "--request-rate", "inf", "--ignore-eos", "--seed", str(seed), "--disable-tqdm",
         "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,99",
+        "--save-detailed",  # keeps the per-request lists in the returned result
     ]  # fmt: skip
     env = dict(os.environ, OPENAI_API_KEY=target.api_key or "", HF_HUB_OFFLINE="1")
     cmd = [sys.executable, "-c", VLLM_BENCH, str(result_path), *argv]

@@ -426,6 +426,7 @@ def study_config(
     config.study.max_failure_rate = 1.0
     config.sampler = SamplerConfig(s.sampler, s.n_startup_trials, dict(s.options))
     config.slo.p99_e2e_s, config.slo.max_error_rate = slo, MAX_ERROR_RATE
+    config.quality.enabled = False  # the table holds no model outputs to score
     return config
 
 
@@ -564,6 +565,8 @@ def aggregate(rows: Sequence[dict[str, Any]], grid_size: int) -> list[dict[str, 
 def default_strategies(joint_trials: int, staged_trials: Sequence[int]) -> list[StudyStrategy]:
     """Tuner's staged TPE at each stage budget, and every sampler over the joint space."""
     staged = [StudyStrategy(f"staged_tpe_{n}", "staged", "tpe", n) for n in staged_trials]
+    staged += [StudyStrategy(f"staged_tpe_{n}_unseeded", "staged", "tpe", n, seed_incumbent=False)
+               for n in staged_trials]  # fmt: skip
     return [
         *staged,
         StudyStrategy("joint_tpe", "joint", "tpe", joint_trials),
@@ -665,6 +668,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         default=[4, 8],
         help="study.trials_per_stage of the staged runs (one strategy per value)",
     )
+    p.add_argument("--only", nargs="+", default=None, help="run only these StudyRunner strategies")
     return p.parse_args(argv)
 
 
@@ -681,6 +685,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     defaults = {p: base.server.args.get(p) for p in params}
     land = Landscape.from_csv(args.csv, params, defaults)
     strategies = default_strategies(args.joint_trials, args.staged_trials)
+    if args.only:
+        strategies = [s for s in strategies if s.name in args.only]
     t0 = time.monotonic()
     result = replay(land, base, GROUPS, args.seeds, strategies, args.slo, say=print)
     result["reference"]["table"] = str(args.csv.relative_to(ROOT) if args.csv.is_absolute()

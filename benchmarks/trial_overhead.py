@@ -11,8 +11,11 @@ records (the last request's end):
 - warmup, window: the configured phases, as the client timed them
 - drain:    window end -> the last started request finished (kept: dropping it flatters P99)
 - client_exit: last request finished -> the load phase returned (Locust writes CSV/HTML, exits)
+- quality_set: the quality gate's greedy answers, after the window (quality.enabled)
 - analysis: records -> Measurements; teardown: SIGTERM -> the server's process group is gone
 - harness overhead = client_start + client_exit + analysis + the rest not in any phase
+  (the quality set is reported on its own: it is a measurement, switched off with
+  quality.enabled=false, not overhead of the load harness)
 
     .venv/bin/python benchmarks/trial_overhead.py --trials 3
 """
@@ -42,8 +45,8 @@ from tuner.trial import TrialOutcome, run_trial  # noqa: E402
 
 DEFAULT_OUT = ROOT / "benchmarks" / "results"
 TARGET_OVERHEAD = 0.05
-PARTS = ("startup", "client_start", "warmup", "window", "drain", "client_exit", "analysis",
-         "teardown", "unaccounted")  # fmt: skip
+PARTS = ("startup", "client_start", "warmup", "window", "drain", "client_exit", "quality_set",
+         "analysis", "teardown", "unaccounted")  # fmt: skip
 
 
 class Probes:
@@ -107,6 +110,7 @@ def breakdown(outcome: TrialOutcome, started_wall: float, warmup_s: float) -> di
         "window": w1 - w0,
         "drain": last_end - w1,
         "client_exit": load_end - last_end,
+        "quality_set": t.get("quality", 0.0),  # the quality gate's greedy answers (enabled)
         "analysis": t.get("analysis", 0.0),
         "teardown": t["teardown"],
     }
