@@ -18,9 +18,10 @@ import pytest
 
 from tests.fakes import make_tiny_tokenizer
 from tests.fakes.sse_server import FakeConfig, FakeServer
-from tuner.config import LengthDist, RequestClass, WorkloadConfig
+from tuner.config import LengthDist, RequestClass, SloConfig, WorkloadConfig
 from tuner.errors import ConfigError, LoadGenError
 from tuner.loadgen import LoadResult, LocustLoadGenerator, Target, get_load_generator
+from tuner.measure import measure
 from tuner.records import (
     ERROR_CONNECTION,
     ERROR_HTTP,
@@ -230,6 +231,9 @@ def test_wrong_api_key_gives_http_401(
     result, records = _run(fake, tok_dir, Path("trial"), workload, key="sk-wrong")
     assert result.html_path and result.html_path.resolve().parent == tmp_path / "trial"
     assert result.measured_requests == 20 == len(records)  # max_requests ends the window
+    # ... just after the 20th send, so the window's statistics count all 20 (not 19)
+    summary = measure(records, result.window_start, result.window_end, SloConfig())
+    assert summary.requests_started == 20 and summary.failed == 20
     assert {(r.error_kind, r.status) for r in records} == {(ERROR_HTTP, 401)}
     assert result.window_s < 5.0
 

@@ -76,6 +76,7 @@ class RunState:
     stopped: Event = field(default_factory=Event)
     stopped_at: float | None = None
     seq: int = 0
+    quota_stop: bool = False  # the window ended by max_requests, not by time
 
     def wall(self, perf: float) -> float:
         """One time base for all instants: wall clock anchored once, advanced monotonically."""
@@ -95,6 +96,7 @@ class RunState:
         self.started[phase] += 1
         if phase == PHASE_MEASURE and self.quota and self.started[phase] >= self.quota:
             self.stop(now)  # this one is the last measured request
+            self.quota_stop = True
         return phase
 
     def stop(self, now: float) -> None:
@@ -125,6 +127,10 @@ class RunState:
 
     def write(self, rec: RequestRecord) -> None:
         """Write a record once (a straggler may already have been written as cut off)."""
+        if self.quota_stop and rec.phase == PHASE_MEASURE and self.stopped_at is not None:
+            # The window is [start, end): it ends just after the last claimed request's send,
+            # which comes a moment after its claim, or it would hold max_requests - 1.
+            self.stopped_at = max(self.stopped_at, rec.sent_at + 1e-6)
         if self.in_flight.pop(rec.request_id, None) is not None:
             self.records.write(rec.to_json() + "\n")
             self.records.flush()
