@@ -3,10 +3,10 @@
 A "trial" looks its configuration up in a table of real measurements (benchmarks/measure_grid.py)
 and returns one of that configuration's repeats, drawn at random, so the strategies see the real
 run-to-run noise. The staged and joint strategies are tuner's own :class:`~tuner.study.StudyRunner`
-(samplers from the registry, search_space, evaluation, the acceptance rule, a real Optuna storage):
-only the module-level ``run_trial`` it calls is swapped for the lookup while a run lasts
-(:func:`lookup_trials`). The full grid in vLLM auto_tune's order, and vLLM's defaults alone, need
-no sampler and are plain loops.
+(samplers from the registry, search_space, evaluation, the acceptance rule, a real Optuna storage)
+with the lookup as its ``trial_fn`` (:func:`lookup_trials`) instead of tuner.trial.run_trial.
+The full grid in vLLM auto_tune's order, and vLLM's defaults alone, need no sampler and are
+plain loops.
 
 Each run is scored against the table's *truth* (every configuration's mean over its repeats):
 
@@ -55,6 +55,7 @@ from tuner.errors import TunerError  # noqa: E402
 from tuner.evaluation import Evaluator  # noqa: E402
 from tuner.measure import Measurements, MetricStats  # noqa: E402
 from tuner.server import LaunchSpec  # noqa: E402
+from tuner.study import TrialFn  # noqa: E402
 from tuner.trial import TrialOutcome  # noqa: E402
 
 DEFAULT_CSV = ROOT / "benchmarks" / "data" / "grid_vllm_cpu.csv"
@@ -371,13 +372,10 @@ def _stats(n: int, p50: float | None, p99: float | None) -> MetricStats:
     return MetricStats(n=n, p50=p50, p99=p99) if p99 is not None else MetricStats()
 
 
-@contextlib.contextmanager
-def lookup_trials(
-    land: Landscape, rng: np.random.Generator, launches: list[Launch]
-) -> Iterator[None]:
-    """Swap tuner.study's run_trial for a table lookup while the block runs."""
+def lookup_trials(land: Landscape, rng: np.random.Generator, launches: list[Launch]) -> TrialFn:
+    """A trial function for StudyRunner that looks the launch up in the table."""
 
-    def fake_run_trial(
+    def lookup_trial(
         config: TunerConfig, launch: LaunchSpec, paths: Any, trial_id: str, progress: Any = None
     ) -> TrialOutcome:
         key = land.key(launch.args)
@@ -385,12 +383,7 @@ def lookup_trials(
         launches.append(Launch(trial_id.rsplit("-", 1)[0], key, measured))
         return outcome_of(measured, launch, trial_id)
 
-    real = study_module.run_trial
-    study_module.run_trial = fake_run_trial
-    try:
-        yield
-    finally:
-        study_module.run_trial = real
+    return lookup_trial
 
 
 @dataclass(frozen=True)
@@ -404,10 +397,7 @@ class StudyStrategy:
     repeats: int = 2
     n_startup_trials: int = 2
     options: Mapping[str, Any] = field(default_factory=dict)
-    # False: skip StudyRunner._seed_incumbent (a diagnostic: the seeded incumbent trial carries
-    # only the params the incumbent sets, none for the baseline, and Optuna's GP and NSGA-II
-    # then see no common search space and sample at random).
-    seed_incumbent: bool = True
+    refine_trials: int = 0  # staged only: study.refine_trials (a last joint stage)
 
 
 def study_config(
@@ -421,6 +411,7 @@ def study_config(
     config.study.trials_per_stage, config.study.repeats, config.study.seed = (
         s.trials_per_stage, s.repeats, seed,
     )  # fmt: skip
+    config.study.refine_trials = s.refine_trials
     config.study.storage = f"sqlite:///{folder}/replay.db"
     config.study.max_consecutive_failures = 10_000  # report the path, do not stop on failures
     config.study.max_failure_rate = 1.0
@@ -438,10 +429,11 @@ def run_study(
     rng = np.random.default_rng(seed)
     with tempfile.TemporaryDirectory(prefix="replay-", dir=SCRATCH) as tmp:
         config = study_config(base, s, space, slo, seed, Path(tmp))
-        runner = study_module.StudyRunner(config, Evaluator(config), {"replay": seed}, _quiet)
-        if not s.seed_incumbent:
-            setattr(runner, "_seed_incumbent", _no_seed)  # noqa: B010 (an instance override)
-        with lookup_trials(land, rng, trace.launches), count_fallbacks() as fallbacks:
+        lookup = lookup_trials(land, rng, trace.launches)
+        runner = study_module.StudyRunner(
+            config, Evaluator(config), {"replay": seed}, _quiet, trial_fn=lookup
+        )
+        with count_fallbacks() as fallbacks:
             try:
                 runner.run()
             except TunerError as exc:
@@ -453,10 +445,6 @@ def run_study(
 
 
 def _quiet(_message: str) -> None:
-    return None
-
-
-def _no_seed(*_args: Any) -> None:
     return None
 
 
@@ -562,11 +550,15 @@ def aggregate(rows: Sequence[dict[str, Any]], grid_size: int) -> list[dict[str, 
 
 
 # ---- the benchmark -----------------------------------------------------------------------
-def default_strategies(joint_trials: int, staged_trials: Sequence[int]) -> list[StudyStrategy]:
-    """Tuner's staged TPE at each stage budget, and every sampler over the joint space."""
+def default_strategies(
+    joint_trials: int, staged_trials: Sequence[int], refine_trials: int
+) -> list[StudyStrategy]:
+    """Tuner's staged TPE at each stage budget (with and without the final joint refinement),
+    and every sampler over the joint space."""
     staged = [StudyStrategy(f"staged_tpe_{n}", "staged", "tpe", n) for n in staged_trials]
-    staged += [StudyStrategy(f"staged_tpe_{n}_unseeded", "staged", "tpe", n, seed_incumbent=False)
-               for n in staged_trials]  # fmt: skip
+    if refine_trials:
+        staged += [StudyStrategy(f"staged_tpe_{n}_refine_{refine_trials}", "staged", "tpe", n,
+                                 refine_trials=refine_trials) for n in staged_trials]  # fmt: skip
     return [
         *staged,
         StudyStrategy("joint_tpe", "joint", "tpe", joint_trials),
@@ -574,18 +566,6 @@ def default_strategies(joint_trials: int, staged_trials: Sequence[int]) -> list[
         # population 6: four generations in 20 trials (conf/sampler/nsga2.yaml explains why).
         StudyStrategy("joint_nsga2", "joint", "nsga2", joint_trials, 2, 0, {"population_size": 6}),
         StudyStrategy("joint_random", "joint", "random", joint_trials, 2, 0),
-        StudyStrategy("joint_tpe_unseeded", "joint", "tpe", joint_trials, seed_incumbent=False),
-        StudyStrategy("joint_gp_unseeded", "joint", "gp", joint_trials, seed_incumbent=False),
-        StudyStrategy(
-            "joint_nsga2_unseeded",
-            "joint",
-            "nsga2",
-            joint_trials,
-            2,
-            0,
-            {"population_size": 6},
-            seed_incumbent=False,
-        ),
     ]
 
 
@@ -668,6 +648,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         default=[4, 8],
         help="study.trials_per_stage of the staged runs (one strategy per value)",
     )
+    p.add_argument("--refine-trials", type=int, default=4, help="study.refine_trials; 0: none")
     p.add_argument("--only", nargs="+", default=None, help="run only these StudyRunner strategies")
     return p.parse_args(argv)
 
@@ -684,7 +665,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     # fixed server args (conf/server/vllm_cpu.yaml sets enforce_eager: true).
     defaults = {p: base.server.args.get(p) for p in params}
     land = Landscape.from_csv(args.csv, params, defaults)
-    strategies = default_strategies(args.joint_trials, args.staged_trials)
+    strategies = default_strategies(args.joint_trials, args.staged_trials, args.refine_trials)
     if args.only:
         strategies = [s for s in strategies if s.name in args.only]
     t0 = time.monotonic()

@@ -182,6 +182,7 @@ class StudyConfig:
         default_factory=lambda: ["parallelism", "quantization", "memory", "batching", "runtime"]
     )
     trials_per_stage: int = 4
+    refine_trials: int = 0  # staged only: a last joint stage over every group (0 = none)
     repeats: int = 2  # interleaved re-measurements of winner and incumbent per stage
     min_gain: float = 0.02  # relative gain of the selection objective needed to accept
     storage: str | None = None  # SQLAlchemy URL; None = SQLite in studies/<name>/optuna.db
@@ -194,6 +195,10 @@ class StudyConfig:
             raise ConfigError(f"study.strategy must be 'staged' or 'joint', got {self.strategy!r}")
         if self.trials_per_stage < 1 or self.repeats < 0 or self.min_gain < 0:
             raise ConfigError("study: need trials_per_stage >= 1, repeats >= 0, min_gain >= 0")
+        if self.refine_trials < 0:
+            raise ConfigError(f"study.refine_trials must be >= 0, got {self.refine_trials}")
+        if "refine" in self.stages:
+            raise ConfigError("study.stages: 'refine' is the joint refinement stage's name")
         if not 0 < self.max_failure_rate <= 1 or self.max_consecutive_failures < 1:
             raise ConfigError(
                 "study: need 0 < max_failure_rate <= 1, max_consecutive_failures >= 1"

@@ -22,14 +22,13 @@ from optuna.trial import FrozenTrial
 
 from tuner.errors import ConfigError
 from tuner.paths import StudyPaths
-from tuner.storage import open_storage, redact_url
+from tuner.storage import ATTR_BASELINE_STUDY, ATTR_BASELINE_TRIAL, open_storage, redact_url
 from tuner.trial_view import TrialView, nondominated
 
 BASELINE_PREFIX = "baseline:"
 CONFIRM = "confirm"
 ROLE_BASELINE, ROLE_INCUMBENT, ROLE_SEARCH = "baseline", "incumbent", "search"
 ATTR_DECISION = "decision"
-ATTR_BASELINE_STUDY = "baseline_study"  # optional link from a stage study to its baseline
 __all__ = ["Choice", "Review", "TrialView", "nondominated", "open_review"]
 
 
@@ -128,12 +127,21 @@ class Review:
             return None
         views = [_view(self.baseline_study, ROLE_BASELINE, t) for t in self.baseline_study.trials]
         ok = [v for v in views if v.measured]
+        linked = [v for v in ok if v.trial.number == self._linked_baseline_trial()]
+        if linked:
+            return linked[0]
         seeded = self._seeded_baseline_values()
         same = [v for v in ok if seeded is not None and v.trial.values == seeded]
         found = same or ok
         return found[-1] if found else None
 
+    def _linked_baseline_trial(self) -> int | None:
+        first = next(iter(self.stages.values()), None)
+        number = first.user_attrs.get(ATTR_BASELINE_TRIAL) if first else None
+        return int(number) if number is not None else None
+
     def _seeded_baseline_values(self) -> list[float] | None:
+        # Studies stored before the baseline link: the first stage's seeded incumbent.
         first = next(iter(self.stages.values()), None)
         seeds = [t for t in (first.trials if first else []) if _role(t) == ROLE_INCUMBENT]
         return list(seeds[0].values) if seeds and seeds[0].values else None

@@ -27,7 +27,7 @@ from optuna.distributions import (
     IntDistribution,
 )
 
-from tuner.config import ParamSpec, param_spec
+from tuner.config import ParamSpec, ServerConfig, param_spec
 from tuner.errors import ConfigError
 from tuner.launch import LaunchSpec
 
@@ -115,6 +115,17 @@ class RangeKind:
     def choices(self, spec: ParamSpec) -> list[Any] | None:
         return None  # not a finite set
 
+    def coerce(self, spec: ParamSpec, value: Any) -> Any:
+        """``value`` (maybe an env string) as a point of this range, or None if outside."""
+        try:
+            number = float(value)
+        except (TypeError, ValueError):
+            return None
+        if self.integral:
+            number = int(number) if number == int(number) else math.nan
+        ok = self.distribution(spec)._contains(number)  # type: ignore[attr-defined]
+        return number if ok else None
+
     def grid(self, spec: ParamSpec, where: str) -> list[Any]:
         if spec.step is None:
             raise _fail(where, "the grid sampler needs a step for a range", "add step: or choices")
@@ -147,6 +158,11 @@ class ChoiceKind:
 
     def choices(self, spec: ParamSpec) -> list[Any]:
         return list(self.fixed or spec.choices or [])
+
+    def coerce(self, spec: ParamSpec, value: Any) -> Any:
+        """The choice ``value`` stands for (``1`` and ``"1"`` alike), or None if none."""
+        key = _choice_key(value)
+        return next((c for c in self.choices(spec) if key in (_choice_key(c), str(c))), None)
 
     def grid(self, spec: ParamSpec, where: str) -> list[Any]:
         return self.choices(spec)
@@ -319,6 +335,38 @@ def group_of(space: Mapping[str, Mapping[str, SpecLike]], param: str) -> str:
         if param in specs:
             return group
     raise ConfigError(f"parameter {param!r} is in no search_space group (groups: {list(space)})")
+
+
+_UNKNOWN = object()
+
+
+def _effective(param: str, spec: ParamSpec, params: Mapping[str, Any], fixed: ServerConfig) -> Any:
+    if param in params:
+        return params[param]
+    where: Mapping[str, Any] = fixed.env if spec.target == "env" else fixed.args
+    if (spec.name or param) in where:
+        return where[spec.name or param]
+    # An omit value means "leave the flag out", i.e. it stands for the server's own default.
+    return spec.omit[0] if spec.omit else _UNKNOWN
+
+
+def resolve(
+    params: Mapping[str, Any], specs: Mapping[str, SpecLike], fixed: ServerConfig
+) -> dict[str, Any] | None:
+    """Every parameter of ``specs`` as a server launched with ``params`` runs it, or None.
+
+    A value comes from ``params``, else from the fixed ``fixed.args``/``fixed.env`` (a
+    ServerConfig), else from the spec's ``omit`` value. None when one is unknown (vLLM picks
+    it at start-up) or is not a point of its distribution: the sampler cannot place it.
+    """
+    out: dict[str, Any] = {}
+    for param, spec in _specs(specs).items():
+        value = _effective(param, spec, params, fixed)
+        point = None if value is _UNKNOWN else _kind(spec, param).coerce(spec, value)
+        if point is None:
+            return None
+        out[param] = point
+    return out
 
 
 def merge(incumbent_params: Mapping[str, Any], stage_params: Mapping[str, Any]) -> dict[str, Any]:

@@ -19,6 +19,7 @@ from tuner.config import ParamSpec, TunerConfig
 class Stage:
     name: str
     specs: dict[str, ParamSpec]
+    trials: int  # search trials of this stage (the incumbent seed and confirmations aside)
 
 
 @dataclass
@@ -39,16 +40,25 @@ class StudyResult:
     pareto: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
 
 
+REFINE = "refine"
+
+
 def plan_stages(config: TunerConfig) -> list[Stage]:
-    """Stages in the configured order; the joint strategy is one stage over every group."""
-    space = config.search_space
-    names = [s for s in config.study.stages if s in space]
-    if config.study.strategy == "joint":
-        union: dict[str, ParamSpec] = {}
-        for name in names:
-            union.update(space[name])
-        return [Stage("joint", union)] if union else []
-    return [Stage(name, space[name]) for name in names]
+    """Stages in the configured order; the joint strategy is one stage over every group.
+
+    A staged study with ``refine_trials`` ends with a joint stage over every group, started
+    from the staged incumbent: staging fixes each group at its winner while later groups are
+    searched, which misses optima where parameters of two groups interact.
+    """
+    cfg, space = config.study, config.search_space
+    names = [s for s in cfg.stages if s in space]
+    union: dict[str, ParamSpec] = {p: spec for name in names for p, spec in space[name].items()}
+    if cfg.strategy == "joint":
+        return [Stage("joint", union, cfg.trials_per_stage)] if union else []
+    stages = [Stage(name, space[name], cfg.trials_per_stage) for name in names]
+    if cfg.refine_trials > 0 and len(stages) > 1:
+        stages.append(Stage(REFINE, union, cfg.refine_trials))
+    return stages
 
 
 def incumbent_of(trial: optuna.trial.FrozenTrial, source: str) -> Incumbent:

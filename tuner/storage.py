@@ -17,6 +17,8 @@ from sqlalchemy.exc import ArgumentError, SQLAlchemyError
 from tuner.errors import ConfigError, StorageError
 
 ATTR_INTERRUPTED = "interrupted"
+# On every stage study: the baseline study and trial its incumbent chain started from.
+ATTR_BASELINE_STUDY, ATTR_BASELINE_TRIAL = "baseline_study", "baseline_trial"
 # A running trial records a heartbeat; one silent for GRACE_S belongs to a dead worker.
 HEARTBEAT_S = 20
 GRACE_S = 90

@@ -34,10 +34,20 @@ from tuner.quality import attach_quality, check_config, gate_applies, quality_li
 from tuner.sampler import make_sampler
 from tuner.server import LaunchSpec
 from tuner.stage import Incumbent, Stage, StudyResult, incumbent_of, plan_stages, spec_text
-from tuner.storage import ATTR_INTERRUPTED, Heartbeat, fail_unfinished_trials, open_storage
+from tuner.storage import (
+    ATTR_BASELINE_STUDY,
+    ATTR_BASELINE_TRIAL,
+    ATTR_INTERRUPTED,
+    Heartbeat,
+    fail_unfinished_trials,
+    open_storage,
+)
 from tuner.trial import TrialOutcome, run_trial
 
 Progress = Callable[[str], None]
+# How a study measures one configuration: tuner.trial.run_trial (real server, real load), or a
+# table lookup in benchmarks/replay.py. Same signature, same always-an-outcome contract.
+TrialFn = Callable[..., TrialOutcome]
 ROLE_BASELINE, ROLE_INCUMBENT, ROLE_SEARCH = "baseline", "incumbent", "search"
 ATTR_DECISION = "decision"
 
@@ -56,8 +66,10 @@ class StudyRunner:
         fingerprint: dict[str, Any],
         progress: Progress,
         rebaseline: bool = False,
+        trial_fn: TrialFn = run_trial,
     ) -> None:
         self.config = config
+        self.trial_fn = trial_fn
         self.evaluator = evaluator
         self.fingerprint = fingerprint
         self.say = progress
@@ -70,6 +82,7 @@ class StudyRunner:
         self._ok_count = 0
         check_config(config.quality)  # a bad quality set stops the study before any launch
         self.baseline_quality: Path | None = None  # the reference outputs of the quality gate
+        self.baseline_ref: tuple[str, int] = ("", -1)  # (study, trial) of the baseline used
 
     @property
     def storage_url(self) -> str:
@@ -82,7 +95,7 @@ class StudyRunner:
 
     def plan_text(self, baseline_argv: list[str]) -> str:
         cfg = self.config.study
-        per_stage = cfg.trials_per_stage + 2 * cfg.repeats
+        launches = 1 + sum(st.trials + 2 * cfg.repeats for st in self.stages)
         lines = [
             f"study {self.config.name}: strategy {cfg.strategy}, storage {self._storage_shown()}",
             f"objectives: {', '.join(self.evaluator.names)} (select by {self.evaluator.select_by})",
@@ -91,8 +104,8 @@ class StudyRunner:
         ]
         for st in self.stages:
             space = ", ".join(f"{p}: {spec_text(s)}" for p, s in st.specs.items())
-            lines.append(f"stage {st.name}: {cfg.trials_per_stage} trials over {{{space}}}")
-        lines.append(f"budget: at most {1 + per_stage * len(self.stages)} server launches")
+            lines.append(f"stage {st.name}: {st.trials} trials over {{{space}}}")
+        lines.append(f"budget: at most {launches} server launches")
         return "\n".join(lines)
 
     def _storage_shown(self) -> str:
@@ -141,9 +154,11 @@ class StudyRunner:
             self.say(f"baseline {key}: reusing trial {done[-1].number} (same fingerprint)")
             ref = done[-1].user_attrs.get("quality_outputs")
             self.baseline_quality = Path(ref) if ref else None
+            self.baseline_ref = (study.study_name, done[-1].number)
             return incumbent_of(done[-1], "baseline")
         self.say(f"baseline {key}: measuring vLLM with the fixed args only")
         trial = study.ask()
+        self.baseline_ref = (study.study_name, trial.number)
         result = self._measure(trial, "baseline", {}, ROLE_BASELINE)
         self._tell(study, trial, result)
         if not result.outcome.ok:
@@ -162,7 +177,7 @@ class StudyRunner:
         prefix = f"[{label} #{trial.number}]"
         try:
             with Heartbeat(trial.study, trial._trial_id):
-                outcome = run_trial(
+                outcome = self.trial_fn(
                     self.config,
                     launch,
                     self.paths.trial(trial_id),
@@ -238,11 +253,14 @@ class StudyRunner:
     # -- stages --------------------------------------------------------------------------
     def _run_stage(self, stage: Stage, incumbent: Incumbent) -> tuple[Incumbent, Decision]:
         study = self._open(f"{self.config.name}:{stage.name}", stage)
+        if ATTR_BASELINE_STUDY not in study.user_attrs:
+            study.set_user_attr(ATTR_BASELINE_STUDY, self.baseline_ref[0])
+            study.set_user_attr(ATTR_BASELINE_TRIAL, self.baseline_ref[1])
         if ATTR_DECISION in study.user_attrs:
             decision = Decision.from_dict(study.user_attrs[ATTR_DECISION])
             return self._apply(decision, incumbent, stage), decision
         self._seed_incumbent(study, stage, incumbent)
-        budget = self.config.study.trials_per_stage
+        budget = stage.trials
         while (done := len(_search_trials(study))) < budget:
             self.say(f"stage {stage.name}: trial {done + 1}/{budget}")
             trial = study.ask()
@@ -255,16 +273,28 @@ class StudyRunner:
         return self._apply(decision, incumbent, stage), decision
 
     def _seed_incumbent(self, study: optuna.Study, stage: Stage, incumbent: Incumbent) -> None:
-        """Add the incumbent as a known first trial: the sampler starts from the control."""
+        """Add the incumbent as a known first trial: the sampler starts from the control.
+
+        Only when every param of the stage has a known value on the incumbent that lies in
+        the stage's space: a trial with a partial point leaves Optuna's relative samplers
+        (GP, NSGA-II, multivariate TPE) no common search space, and they fall back to random
+        sampling for the whole stage (measured in benchmarks/README.md).
+        """
         if any(t.user_attrs.get("role") == ROLE_INCUMBENT for t in study.get_trials()):
             return
-        params = {p: v for p, v in incumbent.params.items() if p in stage.specs}
-        dists = search_space.distributions({p: stage.specs[p] for p in params})
+        params = search_space.resolve(incumbent.params, stage.specs, self.config.server)
+        if params is None:
+            self.say(
+                f"stage {stage.name}: the incumbent runs vLLM's own default for some of "
+                f"{', '.join(stage.specs)} (not a point of this space); the sampler starts "
+                "without it"
+            )
+            return
         study.add_trial(
             optuna.trial.create_trial(
                 values=incumbent.values,
                 params=params,
-                distributions=dists,
+                distributions=search_space.distributions(stage.specs),
                 user_attrs={
                     "role": ROLE_INCUMBENT,
                     "source": incumbent.source,

@@ -8,63 +8,25 @@ must find the best feasible configuration exactly, by the grid size, whatever th
 
 from __future__ import annotations
 
-import csv
-import importlib.util
 import math
-import sys
 from pathlib import Path
 from types import ModuleType
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-GROUPS = {"first": ["max_num_seqs"], "second": ["max_num_batched_tokens"]}
-SEQS, TOKENS = [4, 16, 64], [512, 2048, 8192]
-
-
-def _load_replay() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("bench_replay", ROOT / "benchmarks/replay.py")
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["bench_replay"] = module
-    spec.loader.exec_module(module)
-    return module
+from tests.fakes.grid_table import DEFAULTS, GROUPS, PARAMS, load_replay, write_table
 
 
 @pytest.fixture(scope="module")
 def replay() -> ModuleType:
-    return _load_replay()
-
-
-def _write_table(path: Path) -> None:
-    cols = ["max_num_seqs", "max_num_batched_tokens", "status", "reason", "p50_e2e_s"]
-    cols += ["p99_e2e_s", "p50_ttft_s", "p99_ttft_s", "p50_tpot_s", "p99_tpot_s"]
-    cols += ["output_tok_s", "request_per_s", "error_rate", "completed", "failed"]
-    with path.open("w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=cols)
-        w.writeheader()
-        for i, s in enumerate(SEQS):
-            for j, b in enumerate(TOKENS):
-                for rep, jitter in enumerate((0.995, 1.005)):
-                    tok = (1000 + 400 * i + 150 * j) * jitter
-                    p99 = (1.0 + i + 0.4 * j) * jitter
-                    w.writerow({
-                        "max_num_seqs": s, "max_num_batched_tokens": b, "status": "ok",
-                        "reason": "", "p50_e2e_s": p99 / 2, "p99_e2e_s": p99,
-                        "p50_ttft_s": 0.1, "p99_ttft_s": 0.2, "p50_tpot_s": 0.01,
-                        "p99_tpot_s": 0.02, "output_tok_s": tok, "request_per_s": tok / 64,
-                        "error_rate": 0.0, "completed": 100 + rep, "failed": 0,
-                    })  # fmt: skip
+    return load_replay()
 
 
 def test_replay_on_synthetic_table(replay: ModuleType, tmp_path: Path) -> None:
     table = tmp_path / "grid.csv"
-    _write_table(table)
-    params = [p for ps in GROUPS.values() for p in ps]
+    write_table(table)
     # An absent flag takes the smallest value: the staged runs start from (4, 512).
-    land = replay.Landscape.from_csv(
-        table, params, {"max_num_seqs": 4, "max_num_batched_tokens": 512}
-    )
+    land = replay.Landscape.from_csv(table, PARAMS, DEFAULTS)
     strategies = [
         replay.StudyStrategy("staged_tpe", "staged", "tpe", 3, repeats=1),
         replay.StudyStrategy("joint_random", "joint", "random", 4, repeats=1, n_startup_trials=0),

