@@ -121,9 +121,11 @@ class RangeKind:
             number = float(value)
         except (TypeError, ValueError):
             return None
+        if not math.isfinite(number):
+            return None
         if self.integral:
             number = int(number) if number == int(number) else math.nan
-        ok = self.distribution(spec)._contains(number)  # type: ignore[attr-defined]
+        ok = self.distribution(spec)._contains(number)
         return number if ok else None
 
     def grid(self, spec: ParamSpec, where: str) -> list[Any]:
