@@ -25,12 +25,8 @@ from __future__ import annotations
 import argparse
 import contextlib
 import copy
-import csv
-import itertools
 import json
 import logging
-import math
-import statistics
 import sys
 import tempfile
 import time
@@ -45,9 +41,25 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import optuna  # noqa: E402
-from optuna._hypervolume import compute_hypervolume  # noqa: E402
 
 import tuner.study as study_module  # noqa: E402
+from benchmarks.landscape import (  # noqa: E402
+    MAX_ERROR_RATE,
+    Key,
+    Landscape,
+    Measured,
+    landscape_rows,
+    median_slo,
+    reference,
+)
+from benchmarks.scoring import (  # noqa: E402
+    Launch,
+    RunTrace,
+    aggregate,
+    best_observed,
+    markdown,
+    summarize_run,
+)
 from tuner.acceptance import Decision  # noqa: E402
 from tuner.cli import compose  # noqa: E402
 from tuner.config import ParamSpec, SamplerConfig, TunerConfig  # noqa: E402
@@ -60,229 +72,13 @@ from tuner.trial import TrialOutcome  # noqa: E402
 
 DEFAULT_CSV = ROOT / "benchmarks" / "data" / "grid_vllm_cpu.csv"
 DEFAULT_OUT = ROOT / "benchmarks" / "results"
-TARGET = 0.97
-HV_AT = (5, 10, 20)
-MAX_ERROR_RATE = 0.01
 WINDOW_S = 10.0  # the grid's window: only used to rebuild counts from rates
-Key = tuple[Any, ...]
 # The study's SQLite file: in memory-backed /dev/shm when there is one (a commit there costs
 # microseconds; on a busy disk each of a run's ~1,000 commits waited ~15 ms for fsync).
 SCRATCH = "/dev/shm" if Path("/dev/shm").is_dir() else None
 
 
-# ---- the table --------------------------------------------------------------------------
-def parse_value(text: str) -> Any:
-    """CSV cell -> None (empty: the flag was left out), bool, int, float or str."""
-    if text in ("", "None"):
-        return None
-    if text in ("True", "true", "False", "false"):
-        return text in ("True", "true")
-    for kind in (int, float):
-        with contextlib.suppress(ValueError):
-            return kind(text)
-    return text
-
-
-def _num(text: str) -> float | None:
-    return None if text in ("", "None") else float(text)
-
-
-@dataclass(frozen=True)
-class Measured:
-    """One measurement of one configuration (a row of the table)."""
-
-    ok: bool
-    reason: str
-    p50_e2e_s: float | None
-    p99_e2e_s: float | None
-    p50_ttft_s: float | None
-    p99_ttft_s: float | None
-    p50_tpot_s: float | None
-    p99_tpot_s: float | None
-    output_tok_s: float
-    request_per_s: float
-    error_rate: float
-    completed: int
-    failed: int
-
-    @classmethod
-    def from_row(cls, row: Mapping[str, str]) -> Measured:
-        num = {k: _num(row.get(k, "")) for k in _METRIC_COLUMNS}
-        ok = row.get("status") == "ok" and num["p99_e2e_s"] is not None
-        return cls(
-            ok=ok,
-            reason=row.get("reason", "") or ("" if ok else "failed"),
-            **{k: num[k] for k in _METRIC_COLUMNS[:6]},
-            output_tok_s=num["output_tok_s"] or 0.0,
-            request_per_s=num["request_per_s"] or 0.0,
-            error_rate=num["error_rate"] if num["error_rate"] is not None else 1.0,
-            completed=int(num["completed"] or 0),
-            failed=int(num["failed"] or 0),
-        )
-
-
-_METRIC_COLUMNS = (
-    "p50_e2e_s", "p99_e2e_s", "p50_ttft_s", "p99_ttft_s", "p50_tpot_s", "p99_tpot_s",
-    "output_tok_s", "request_per_s", "error_rate", "completed", "failed",
-)  # fmt: skip
-
-
-@dataclass(frozen=True)
-class Truth:
-    """A configuration's value: the mean over its repeats; infeasible if any repeat failed."""
-
-    ok: bool
-    p99_e2e_s: float
-    output_tok_s: float
-    error_rate: float
-
-    def feasible(self, slo_p99_e2e_s: float) -> bool:
-        return self.ok and self.p99_e2e_s <= slo_p99_e2e_s and self.error_rate <= MAX_ERROR_RATE
-
-
-class Landscape:
-    """Measured configurations: ``{key: [repeats]}``, a key being the params in order."""
-
-    def __init__(
-        self,
-        params: Sequence[str],
-        table: Mapping[Key, list[Measured]],
-        defaults: Mapping[str, Any],
-    ) -> None:
-        self.params = list(params)
-        self.table = dict(table)
-        self.defaults = dict(defaults)  # a param a launch leaves out takes this value
-
-    @classmethod
-    def from_csv(cls, path: Path, params: Sequence[str], defaults: Mapping[str, Any]) -> Landscape:
-        table: dict[Key, list[Measured]] = {}
-        with path.open(newline="", encoding="utf-8") as f:
-            for row in csv.DictReader(f):
-                key = tuple(parse_value(row[p]) for p in params)
-                table.setdefault(key, []).append(Measured.from_row(row))
-        return cls(params, table, defaults)
-
-    def key(self, args: Mapping[str, Any]) -> Key:
-        return tuple(args[p] if p in args else self.defaults.get(p) for p in self.params)
-
-    def params_of(self, key: Key) -> dict[str, Any]:
-        return dict(zip(self.params, key, strict=True))
-
-    def draw(self, key: Key, rng: np.random.Generator) -> Measured:
-        if key not in self.table:
-            raise KeyError(f"configuration {self.params_of(key)} is not in the table")
-        repeats = self.table[key]
-        return repeats[int(rng.integers(len(repeats)))]
-
-    def truth(self, key: Key) -> Truth:
-        reps = self.table[key]
-        if not all(r.ok for r in reps):
-            return Truth(False, math.inf, 0.0, 1.0)
-        return Truth(
-            True,
-            float(np.mean([r.p99_e2e_s or 0.0 for r in reps])),
-            float(np.mean([r.output_tok_s for r in reps])),
-            float(np.mean([r.error_rate for r in reps])),
-        )
-
-    def values(self) -> dict[str, list[Any]]:
-        """Every explicit value of every param, ascending (the grid's axes)."""
-        axes: dict[str, set[Any]] = {p: set() for p in self.params}
-        for key in self.table:
-            for p, v in zip(self.params, key, strict=True):
-                if v is not None:
-                    axes[p].add(v)
-        return {p: sorted(vals, key=lambda v: (str(type(v)), v)) for p, vals in axes.items()}
-
-    def grid_keys(self) -> list[Key]:
-        """The full grid in nested order (first param outermost), as vLLM's auto_tune walks it."""
-        keys = [tuple(k) for k in itertools.product(*self.values().values())]
-        return [k for k in keys if k in self.table]
-
-
-# ---- the reference: SLO, best feasible, grid hypervolume -----------------------------------
-@dataclass
-class Reference:
-    slo_p99_e2e_s: float
-    best_key: Key
-    best_value: float
-    feasible_share: float
-    hv_grid: float
-    ref_point: tuple[float, float]
-
-
-def median_slo(land: Landscape) -> float:
-    """The median true P99 E2E over the grid's configurations that ran: ~half are feasible."""
-    p99 = [t.p99_e2e_s for k in land.grid_keys() if (t := land.truth(k)).ok]
-    return float(np.median(p99))
-
-
-def reference(land: Landscape, slo: float) -> Reference:
-    grid = land.grid_keys()
-    feasible = [k for k in grid if land.truth(k).feasible(slo)]
-    if not feasible:
-        raise SystemExit(f"no configuration of the grid meets P99 E2E <= {slo:.3f} s")
-    best = max(feasible, key=lambda k: land.truth(k).output_tok_s)
-    ok = [land.truth(k) for k in land.table if land.truth(k).ok]
-    ref = (1.1 * max(t.p99_e2e_s for t in ok), 0.0)  # (worst latency + 10 %, zero throughput)
-    share = len(feasible) / len(grid)
-    hv = hypervolume([land.truth(k) for k in grid], ref)
-    return Reference(slo, best, land.truth(best).output_tok_s, share, hv, ref)
-
-
-def hypervolume(points: Sequence[Truth], ref: tuple[float, float]) -> float:
-    """HV of (P99 E2E min, output tok/s max) with optuna's exact calculator (as losses)."""
-    ok = [p for p in points if p.ok]
-    if not ok:
-        return 0.0
-    losses = np.array([[p.p99_e2e_s, -p.output_tok_s] for p in ok])
-    return float(compute_hypervolume(losses, np.array([ref[0], -ref[1]])))
-
-
-def _spread(values: Sequence[float]) -> float | None:
-    """(max - min) / mean of the repeats; None with fewer than two."""
-    return (
-        round((max(values) - min(values)) / float(np.mean(values)), 3) if len(values) > 1 else None
-    )
-
-
-def landscape_rows(land: Landscape, slo: float) -> list[dict[str, Any]]:
-    """Every configuration's truth and its repeat-to-repeat spread, best first."""
-    rows = []
-    for key, reps in land.table.items():
-        t = land.truth(key)
-        tok = [r.output_tok_s for r in reps if r.ok]
-        p99 = [r.p99_e2e_s or 0.0 for r in reps if r.ok]
-        rows.append({
-            **{p: ("default" if v is None else v) for p, v in land.params_of(key).items()},
-            "repeats": len(reps), "failed": sum(not r.ok for r in reps),
-            "output_tok_s": round(t.output_tok_s, 1), "p99_e2e_s": round(t.p99_e2e_s, 3),
-            "feasible": t.feasible(slo),
-            "tok_s_spread": _spread(tok), "p99_spread": _spread(p99),
-        })  # fmt: skip
-    return sorted(rows, key=lambda r: -r["output_tok_s"])
-
-
 # ---- a run ------------------------------------------------------------------------------
-@dataclass
-class Launch:
-    label: str  # baseline, <stage>, <stage>-confirm, grid, defaults
-    key: Key
-    observed: Measured
-
-
-@dataclass
-class RunTrace:
-    """Launches in order and the selection after each (None: nothing feasible yet)."""
-
-    strategy: str
-    seed: int
-    launches: list[Launch] = field(default_factory=list)
-    selected: list[Key | None] = field(default_factory=list)
-    stopped: str = ""  # why a StudyRunner run ended early (TunerError), if it did
-    independent_samples: int = 0  # params a relative sampler drew independently (fell back)
-
-
 class _FallbackCounter(logging.Handler):
     """Counts Optuna's "sampled independently ... instead of <Sampler>" warnings."""
 
@@ -306,19 +102,6 @@ def count_fallbacks() -> Iterator[_FallbackCounter]:
     finally:
         optuna.logging.enable_default_handler()
         logger.removeHandler(counter)
-
-
-def best_observed(launches: Sequence[Launch], land: Landscape, slo: float) -> list[Key | None]:
-    """After each launch: the best feasible launch so far by its *observed* values."""
-    out: list[Key | None] = []
-    best: tuple[float, Key] | None = None
-    for launch in launches:
-        o = launch.observed
-        feasible = o.ok and (o.p99_e2e_s or math.inf) <= slo and o.error_rate <= MAX_ERROR_RATE
-        if feasible and (best is None or o.output_tok_s > best[0]):
-            best = (o.output_tok_s, launch.key)
-        out.append(best[1] if best else None)
-    return out
 
 
 def run_defaults(land: Landscape, slo: float, seed: int) -> RunTrace:
@@ -478,77 +261,6 @@ def incumbent_timeline(
     return out
 
 
-# ---- scoring ----------------------------------------------------------------------------
-def score(land: Landscape, ref: Reference, key: Key | None) -> float:
-    if key is None:
-        return 0.0
-    t = land.truth(key)
-    return t.output_tok_s / ref.best_value if t.feasible(ref.slo_p99_e2e_s) else 0.0
-
-
-def first_reaching(scores: Sequence[float]) -> int | None:
-    return next((i + 1 for i, s in enumerate(scores) if s >= TARGET - 1e-12), None)
-
-
-def summarize_run(trace: RunTrace, land: Landscape, ref: Reference) -> dict[str, Any]:
-    scores = [score(land, ref, k) for k in trace.selected]
-    reached = first_reaching(scores)
-    # The best launch seen so far (no acceptance step): the sampler's search efficiency alone.
-    seen = [score(land, ref, k) for k in best_observed(trace.launches, land, ref.slo_p99_e2e_s)]
-    last = trace.selected[-1] if trace.selected else None
-    row: dict[str, Any] = {
-        "strategy": trace.strategy,
-        "seed": trace.seed,
-        "launches": len(trace.launches),
-        "trials_to_97": reached,
-        "trials_to_97_seen": first_reaching(seen),
-        "final_score": round(scores[-1], 4) if scores else 0.0,
-        "final_config": None if last is None else land.params_of(last),
-        "distinct_configs": len({launch.key for launch in trace.launches}),
-        "failed_launches": sum(not launch.observed.ok for launch in trace.launches),
-        "stopped": trace.stopped,
-        "independent_samples": trace.independent_samples,
-    }
-    for t in HV_AT:
-        launched = {launch.key for launch in trace.launches[:t]}
-        hv = hypervolume([land.truth(k) for k in launched], ref.ref_point)
-        row[f"hv_at_{t}"] = round(hv / ref.hv_grid, 4)
-    return row
-
-
-def _median_trials(rows: Sequence[dict[str, Any]], key: str) -> float:
-    """Median over seeds; a seed that never reached 97 % counts as infinitely many trials."""
-    return statistics.median(math.inf if r[key] is None else r[key] for r in rows)
-
-
-def aggregate(rows: Sequence[dict[str, Any]], grid_size: int) -> list[dict[str, Any]]:
-    """One line per strategy: medians over seeds."""
-    out = []
-    for name in dict.fromkeys(r["strategy"] for r in rows):
-        mine = [r for r in rows if r["strategy"] == name]
-        reached = [r["trials_to_97"] for r in mine if r["trials_to_97"] is not None]
-        med, med_seen = (
-            _median_trials(mine, "trials_to_97"),
-            _median_trials(mine, "trials_to_97_seen"),
-        )
-        line: dict[str, Any] = {
-            "strategy": name,
-            "seeds": len(mine),
-            "reached_97": f"{len(reached)}/{len(mine)}",
-            "median_trials_to_97": med if math.isfinite(med) else None,
-            "median_trials_to_97_pct_of_grid": round(100 * med / grid_size, 1)
-            if math.isfinite(med) else None,
-            "median_trials_to_97_seen": med_seen if math.isfinite(med_seen) else None,
-            "median_final_score": round(statistics.median(r["final_score"] for r in mine), 4),
-            "median_launches": statistics.median(r["launches"] for r in mine),
-            "independent_samples": statistics.median(r["independent_samples"] for r in mine),
-        }  # fmt: skip
-        for t in HV_AT:
-            line[f"median_hv_at_{t}"] = round(statistics.median(r[f"hv_at_{t}"] for r in mine), 4)
-        out.append(line)
-    return out
-
-
 # ---- the benchmark -----------------------------------------------------------------------
 def default_strategies(
     joint_trials: int, staged_trials: Sequence[int], refine_trials: int
@@ -624,14 +336,6 @@ def base_config() -> TunerConfig:
     # StudyRunner records heartbeats around ask/tell trials on purpose (tuner/storage.py).
     warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used")
     return compose([])
-
-
-def markdown(summary: Sequence[dict[str, Any]]) -> str:
-    cols = list(summary[0])
-    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-    lines += ["| " + " | ".join("-" if r[c] is None else str(r[c]) for c in cols) + " |"
-              for r in summary]  # fmt: skip
-    return "\n".join(lines)
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:

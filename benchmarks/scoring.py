@@ -1,0 +1,143 @@
+"""A search run's trace (launches in order, what it would hand over after each) and its score.
+
+Scored against the landscape's reference: the selection after t launches at its *true* value
+over the grid's best feasible one (0 if truly infeasible), the first t reaching 97 %, and the
+hypervolume of everything launched so far relative to the grid's.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from benchmarks.landscape import (
+    MAX_ERROR_RATE,
+    Key,
+    Landscape,
+    Measured,
+    Reference,
+    hypervolume,
+)
+
+TARGET = 0.97
+HV_AT = (5, 10, 20)
+BUDGET_SHARE = 0.10  # the target's budget: 10 % of the grid's trials
+
+
+@dataclass
+class Launch:
+    label: str  # baseline, <stage>, <stage>-confirm, grid, defaults
+    key: Key
+    observed: Measured
+
+
+@dataclass
+class RunTrace:
+    """Launches in order and the selection after each (None: nothing feasible yet)."""
+
+    strategy: str
+    seed: int
+    launches: list[Launch] = field(default_factory=list)
+    selected: list[Key | None] = field(default_factory=list)
+    stopped: str = ""  # why a StudyRunner run ended early (TunerError), if it did
+    independent_samples: int = 0  # params a relative sampler drew independently (fell back)
+
+
+def best_observed(launches: Sequence[Launch], land: Landscape, slo: float) -> list[Key | None]:
+    """After each launch: the best feasible launch so far by its *observed* values."""
+    out: list[Key | None] = []
+    best: tuple[float, Key] | None = None
+    for launch in launches:
+        o = launch.observed
+        feasible = o.ok and (o.p99_e2e_s or math.inf) <= slo and o.error_rate <= MAX_ERROR_RATE
+        if feasible and (best is None or o.output_tok_s > best[0]):
+            best = (o.output_tok_s, launch.key)
+        out.append(best[1] if best else None)
+    return out
+
+
+def score(land: Landscape, ref: Reference, key: Key | None) -> float:
+    if key is None:
+        return 0.0
+    t = land.truth(key)
+    return t.output_tok_s / ref.best_value if t.feasible(ref.slo_p99_e2e_s) else 0.0
+
+
+def first_reaching(scores: Sequence[float]) -> int | None:
+    return next((i + 1 for i, s in enumerate(scores) if s >= TARGET - 1e-12), None)
+
+
+def summarize_run(trace: RunTrace, land: Landscape, ref: Reference) -> dict[str, Any]:
+    scores = [score(land, ref, k) for k in trace.selected]
+    reached = first_reaching(scores)
+    # The best launch seen so far (no acceptance step): the sampler's search efficiency alone.
+    seen = [score(land, ref, k) for k in best_observed(trace.launches, land, ref.slo_p99_e2e_s)]
+    last = trace.selected[-1] if trace.selected else None
+    row: dict[str, Any] = {
+        "strategy": trace.strategy,
+        "seed": trace.seed,
+        "launches": len(trace.launches),
+        "trials_to_97": reached,
+        "trials_to_97_seen": first_reaching(seen),
+        "final_score": round(scores[-1], 4) if scores else 0.0,
+        "final_config": None if last is None else land.params_of(last),
+        "distinct_configs": len({launch.key for launch in trace.launches}),
+        "failed_launches": sum(not launch.observed.ok for launch in trace.launches),
+        "stopped": trace.stopped,
+        "independent_samples": trace.independent_samples,
+    }
+    for t in HV_AT:
+        launched = {launch.key for launch in trace.launches[:t]}
+        hv = hypervolume([land.truth(k) for k in launched], ref.ref_point)
+        row[f"hv_at_{t}"] = round(hv / ref.hv_grid, 4)
+    return row
+
+
+def _median_trials(rows: Sequence[dict[str, Any]], key: str) -> float:
+    """Median over seeds; a seed that never reached 97 % counts as infinitely many trials."""
+    return statistics.median(math.inf if r[key] is None else r[key] for r in rows)
+
+
+def aggregate(rows: Sequence[dict[str, Any]], grid_size: int) -> list[dict[str, Any]]:
+    """One line per strategy: medians over seeds."""
+    out = []
+    for name in dict.fromkeys(r["strategy"] for r in rows):
+        mine = [r for r in rows if r["strategy"] == name]
+        reached = [r["trials_to_97"] for r in mine if r["trials_to_97"] is not None]
+        med, med_seen = (
+            _median_trials(mine, "trials_to_97"),
+            _median_trials(mine, "trials_to_97_seen"),
+        )
+        budget = max(1, math.floor(BUDGET_SHARE * grid_size))
+        in_budget = sum(1 for t in reached if t <= budget)
+        seen = [r["trials_to_97_seen"] for r in mine if r["trials_to_97_seen"] is not None]
+        seen_in_budget = sum(1 for t in seen if t <= budget)
+        line: dict[str, Any] = {
+            "strategy": name,
+            "seeds": len(mine),
+            "reached_97": f"{len(reached)}/{len(mine)}",
+            f"reached_97_in_{budget}": f"{in_budget}/{len(mine)}",
+            f"seen_97_in_{budget}": f"{seen_in_budget}/{len(mine)}",
+            "median_trials_to_97": med if math.isfinite(med) else None,
+            "median_trials_to_97_pct_of_grid": round(100 * med / grid_size, 1)
+            if math.isfinite(med) else None,
+            "median_trials_to_97_seen": med_seen if math.isfinite(med_seen) else None,
+            "median_final_score": round(statistics.median(r["final_score"] for r in mine), 4),
+            "median_launches": statistics.median(r["launches"] for r in mine),
+            "independent_samples": statistics.median(r["independent_samples"] for r in mine),
+        }  # fmt: skip
+        for t in HV_AT:
+            line[f"median_hv_at_{t}"] = round(statistics.median(r[f"hv_at_{t}"] for r in mine), 4)
+        out.append(line)
+    return out
+
+
+def markdown(summary: Sequence[dict[str, Any]]) -> str:
+    cols = list(summary[0])
+    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    lines += ["| " + " | ".join("-" if r[c] is None else str(r[c]) for c in cols) + " |"
+              for r in summary]  # fmt: skip
+    return "\n".join(lines)
