@@ -67,6 +67,7 @@ from tuner.errors import TunerError  # noqa: E402
 from tuner.evaluation import Evaluator  # noqa: E402
 from tuner.measure import Measurements, MetricStats  # noqa: E402
 from tuner.server import LaunchSpec  # noqa: E402
+from tuner.stage import ATTR_DECISION  # noqa: E402
 from tuner.study import TrialFn  # noqa: E402
 from tuner.trial import TrialOutcome  # noqa: E402
 
@@ -239,8 +240,8 @@ def stored_decisions(config: TunerConfig, runner: study_module.StudyRunner) -> l
             st = optuna.load_study(study_name=f"{config.name}:{stage.name}", storage=runner.storage)
         except KeyError:
             continue
-        if study_module.ATTR_DECISION in st.user_attrs:
-            out.append(Decision.from_dict(st.user_attrs[study_module.ATTR_DECISION]))
+        if ATTR_DECISION in st.user_attrs:
+            out.append(Decision.from_dict(st.user_attrs[ATTR_DECISION]))
     return out
 
 

@@ -22,13 +22,12 @@ from optuna.trial import FrozenTrial
 
 from tuner.errors import ConfigError
 from tuner.paths import StudyPaths
+from tuner.stage import ATTR_DECISION, ROLE_BASELINE, ROLE_INCUMBENT, ROLE_SEARCH
 from tuner.storage import ATTR_BASELINE_STUDY, ATTR_BASELINE_TRIAL, open_storage, redact_url
 from tuner.trial_view import TrialView, nondominated
 
 BASELINE_PREFIX = "baseline:"
 CONFIRM = "confirm"
-ROLE_BASELINE, ROLE_INCUMBENT, ROLE_SEARCH = "baseline", "incumbent", "search"
-ATTR_DECISION = "decision"
 __all__ = ["Choice", "Review", "TrialView", "nondominated", "open_review"]
 
 

@@ -339,6 +339,17 @@ def group_of(space: Mapping[str, Mapping[str, SpecLike]], param: str) -> str:
     raise ConfigError(f"parameter {param!r} is in no search_space group (groups: {list(space)})")
 
 
+def finite_size(specs: Mapping[str, SpecLike]) -> int | None:
+    """How many points a group's space has, or None when a param is a continuous range."""
+    size = 1
+    for param, spec in _specs(specs).items():
+        choices = _kind(spec, param).choices(spec)
+        if choices is None:
+            return None
+        size *= len(choices)
+    return size
+
+
 _UNKNOWN = object()
 
 

@@ -6,10 +6,13 @@ incumbent that enters a stage, and what a finished study returns.
 
 from __future__ import annotations
 
+import json
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 import optuna
+from optuna.trial import TrialState
 
 from tuner.acceptance import Decision
 from tuner.config import ParamSpec, TunerConfig
@@ -41,6 +44,8 @@ class StudyResult:
 
 
 REFINE = "refine"
+ROLE_BASELINE, ROLE_INCUMBENT, ROLE_SEARCH = "baseline", "incumbent", "search"
+ATTR_DECISION = "decision"  # a finished stage's acceptance decision (a stage study user attr)
 
 
 def plan_stages(config: TunerConfig) -> list[Stage]:
@@ -69,3 +74,48 @@ def spec_text(spec: ParamSpec) -> str:
     if spec.choices is not None:
         return str(list(spec.choices))
     return f"[{spec.low}, {spec.high}]{' log' if spec.log else ''}"
+
+
+def search_trials(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
+    """The stage's completed search trials (reused measurements included)."""
+    done = study.get_trials(states=(TrialState.COMPLETE,))
+    return [t for t in done if t.user_attrs.get("role") == ROLE_SEARCH]
+
+
+def _point(params: dict[str, Any]) -> str:
+    return repr(sorted(params.items()))
+
+
+def measured_point(study: optuna.Study, params: dict[str, Any]) -> optuna.trial.FrozenTrial | None:
+    """A completed trial of this stage (the incumbent seed included) at exactly ``params``."""
+    wanted = _point(params)
+    done = study.get_trials(states=(TrialState.COMPLETE,))
+    return next((t for t in done if _point(t.params) == wanted), None)
+
+
+def distinct_points(study: optuna.Study) -> int:
+    """How many different points of the stage's space have a measurement."""
+    return len({_point(t.params) for t in study.get_trials(states=(TrialState.COMPLETE,))})
+
+
+def _config(params: dict[str, Any]) -> str:
+    return json.dumps(params, sort_keys=True, default=str)
+
+
+def measured_config(
+    studies: Iterable[optuna.Study],
+    params_all: dict[str, Any],
+    canonical: Callable[[dict[str, Any]], dict[str, Any]],
+) -> optuna.trial.FrozenTrial | None:
+    """A completed search trial of any of ``studies`` that ran exactly this configuration.
+
+    ``canonical`` completes explicit params with what is known to be the same (fixed args,
+    vLLM's defaults): {max_num_seqs: 16} is {max_num_seqs: 16, max_num_batched_tokens: 512}
+    when the fixed args set 512.
+    """
+    wanted = _config(canonical(params_all))
+    for study in studies:
+        for t in search_trials(study):
+            if _config(canonical(t.user_attrs.get("params_all", {}))) == wanted:
+                return t
+    return None

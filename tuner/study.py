@@ -33,7 +33,22 @@ from tuner.paths import StudyPaths
 from tuner.quality import attach_quality, check_config, gate_applies, quality_line
 from tuner.sampler import make_sampler
 from tuner.server import LaunchSpec
-from tuner.stage import Incumbent, Stage, StudyResult, incumbent_of, plan_stages, spec_text
+from tuner.stage import (
+    ATTR_DECISION,
+    ROLE_BASELINE,
+    ROLE_INCUMBENT,
+    ROLE_SEARCH,
+    Incumbent,
+    Stage,
+    StudyResult,
+    distinct_points,
+    incumbent_of,
+    measured_config,
+    measured_point,
+    plan_stages,
+    search_trials,
+    spec_text,
+)
 from tuner.storage import (
     ATTR_BASELINE_STUDY,
     ATTR_BASELINE_TRIAL,
@@ -48,8 +63,6 @@ Progress = Callable[[str], None]
 # How a study measures one configuration: tuner.trial.run_trial (real server, real load), or a
 # table lookup in benchmarks/replay.py. Same signature, same always-an-outcome contract.
 TrialFn = Callable[..., TrialOutcome]
-ROLE_BASELINE, ROLE_INCUMBENT, ROLE_SEARCH = "baseline", "incumbent", "search"
-ATTR_DECISION = "decision"
 
 
 class StudyFailedError(TunerError):
@@ -83,6 +96,7 @@ class StudyRunner:
         check_config(config.quality)  # a bad quality set stops the study before any launch
         self.baseline_quality: Path | None = None  # the reference outputs of the quality gate
         self.baseline_ref: tuple[str, int] = ("", -1)  # (study, trial) of the baseline used
+        self._done_stages: list[optuna.Study] = []  # finished stages: their measurements reused
 
     @property
     def storage_url(self) -> str:
@@ -258,19 +272,57 @@ class StudyRunner:
             study.set_user_attr(ATTR_BASELINE_TRIAL, self.baseline_ref[1])
         if ATTR_DECISION in study.user_attrs:
             decision = Decision.from_dict(study.user_attrs[ATTR_DECISION])
+            self._done_stages.append(study)
             return self._apply(decision, incumbent, stage), decision
         self._seed_incumbent(study, stage, incumbent)
-        budget = stage.trials
-        while (done := len(_search_trials(study))) < budget:
+        budget, size = stage.trials, search_space.finite_size(stage.specs)
+        while (done := len(search_trials(study))) < budget:
+            if size is not None and distinct_points(study) >= size:
+                self.say(f"stage {stage.name}: all {size} points of its space are measured")
+                break
             self.say(f"stage {stage.name}: trial {done + 1}/{budget}")
             trial = study.ask()
-            params = {**incumbent.params, **search_space.suggest(trial, stage.specs)}
+            point = search_space.suggest(trial, stage.specs)
+            params = {**incumbent.params, **point}
+            seen = measured_point(study, point) or measured_config(
+                self._done_stages, params, self._canonical
+            )
+            if seen is not None:
+                self._reuse(study, trial, seen, stage)
+                continue
             result = self._measure(trial, stage.name, params, ROLE_SEARCH)
             self._tell(study, trial, result)
             self._say_best(study, stage)
         decision = self._confirm(study, stage, incumbent)
         study.set_user_attr(ATTR_DECISION, _jsonable(decision.to_dict()))
+        self._done_stages.append(study)
         return self._apply(decision, incumbent, stage), decision
+
+    def _canonical(self, params: dict[str, Any]) -> dict[str, Any]:
+        """Explicit params completed with the fixed args and omit values, where all are known."""
+        return search_space.resolve(params, self.all_specs, self.config.server) or params
+
+    def _reuse(
+        self, study: optuna.Study, trial: optuna.Trial, seen: optuna.trial.FrozenTrial, stage: Stage
+    ) -> None:
+        """Answer a repeated proposal with the stored measurement instead of a new launch
+        (of this stage's point, or of the same full configuration in an earlier stage).
+
+        Samplers re-propose points of small discrete spaces; a launch costs minutes and the
+        acceptance step re-measures the winner anyway (Optuna FAQ: avoid evaluating the same
+        parameters twice). The trial still counts against the stage's budget.
+        """
+        for key, value in seen.user_attrs.items():
+            trial.set_user_attr(key, value)
+        trial.set_user_attr("role", ROLE_SEARCH)
+        trial.set_user_attr("stage", stage.name)
+        trial.set_user_attr("reused_from", seen.number)
+        trial.set_user_attr("reused_from_stage", seen.user_attrs.get("stage", stage.name))
+        for key, value in seen.constraints.items():
+            trial.set_constraint(key, value)
+        study.tell(trial, list(seen.values))
+        where = f"{seen.user_attrs.get('stage', stage.name)} trial {seen.number}"
+        self.say(f"stage {stage.name}: trial {trial.number} repeats {where}: measurement reused")
 
     def _seed_incumbent(self, study: optuna.Study, stage: Stage, incumbent: Incumbent) -> None:
         """Add the incumbent as a known first trial: the sampler starts from the control.
@@ -314,7 +366,7 @@ class StudyRunner:
             )
 
     def _winner(self, study: optuna.Study) -> optuna.trial.FrozenTrial | None:
-        feasible = [t for t in _search_trials(study) if _feasible(t) and _ok(t)]
+        feasible = [t for t in search_trials(study) if _feasible(t) and _ok(t)]
         if not feasible:
             return None
         idx, sign = self.evaluator.select_index, self.evaluator.select_sign
@@ -401,14 +453,6 @@ class StudyRunner:
             }
             for t in study.best_trials
         ]
-
-
-def _search_trials(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
-    return [
-        t
-        for t in study.get_trials(states=(TrialState.COMPLETE,))
-        if t.user_attrs.get("role") == ROLE_SEARCH
-    ]
 
 
 def _ok(trial: optuna.trial.FrozenTrial) -> bool:

@@ -19,8 +19,8 @@ from tuner.config import ServerConfig
 from tuner.errors import ConfigError
 from tuner.evaluation import Evaluator
 from tuner.search_space import resolve
-from tuner.stage import REFINE, plan_stages
-from tuner.study import ROLE_INCUMBENT, ROLE_SEARCH, StudyRunner
+from tuner.stage import REFINE, ROLE_INCUMBENT, ROLE_SEARCH, plan_stages
+from tuner.study import StudyRunner
 
 
 @pytest.fixture(scope="module")
@@ -100,8 +100,10 @@ def test_staged_study_ends_with_a_joint_refinement(replay: ModuleType, tmp_path:
     assert set(run.runner.stages[-1].specs) == set(PARAMS)
     refine = run.trials(REFINE, ROLE_SEARCH)
     assert len(refine) == 3 and all(set(t.params) == set(PARAMS) for t in refine)
-    # baseline + 2 stages x (2 trials + 2 confirmations) + (3 trials + up to 2 confirmations)
-    assert 1 + 2 * 4 + 3 <= len(run.launches) <= 1 + 2 * 4 + 5
+    # Each refine trial is a new launch or the stored measurement of a point already seen.
+    launched = [launch.key for launch in run.launches if launch.label == REFINE]
+    reused = [t for t in refine if "reused_from" in t.user_attrs]
+    assert len(launched) == len(set(launched)) == 3 - len(reused)
     assert any(m.startswith("stage refine") for m in run.said)
 
 
@@ -113,3 +115,41 @@ def test_refine_needs_a_staged_study_of_several_groups(replay: ModuleType) -> No
     config.study.refine_trials = -1
     with pytest.raises(ConfigError, match="refine_trials"):
         config.study.validate(list(config.search_space))
+
+
+def test_repeated_points_are_reused_and_a_small_space_ends_early(
+    replay: ModuleType, tmp_path: Path
+) -> None:
+    """5 trials per stage over 3 values each: never two launches of one point, at most 3."""
+    strategy = replay.StudyStrategy("t", "staged", "tpe", 5, repeats=1)
+    run = Run(replay, tmp_path, strategy, fixed={"max_num_batched_tokens": 512})
+    for stage, seeded in (("first", 0), ("second", 1)):
+        launched = [launch.key for launch in run.launches if launch.label == stage]
+        assert len(launched) == len(set(launched)) <= 3 - seeded
+        search = run.trials(stage, ROLE_SEARCH)
+        reused = [t for t in search if "reused_from" in t.user_attrs]
+        assert len(search) == len(launched) + len(reused)
+        for t in reused:  # the stored measurement of the same point, told again
+            (src,) = [s for s in search + run.trials(stage, ROLE_INCUMBENT)
+                      if s.number == t.user_attrs["reused_from"]]  # fmt: skip
+            assert src.params == t.params and src.values == t.values
+        if len(search) < 5:
+            assert f"stage {stage}: all 3 points of its space are measured" in run.said
+
+
+def test_refine_reuses_configurations_measured_in_earlier_stages(
+    replay: ModuleType, tmp_path: Path
+) -> None:
+    """The refinement's space is the union: 9 configurations, of which the stages ran some."""
+    strategy = replay.StudyStrategy("t", "staged", "tpe", 3, repeats=1, refine_trials=9)
+    # Fixed args equal to the table's defaults: every configuration is fully known, so a
+    # stage trial of {max_num_seqs: 16} is the refinement's (16, 512).
+    run = Run(replay, tmp_path, strategy, fixed=DEFAULTS)
+    stage_keys = {launch.key for launch in run.launches if launch.label in GROUPS}
+    refine_keys = [launch.key for launch in run.launches if launch.label == REFINE]
+    assert not stage_keys & set(refine_keys)  # never launched again
+    assert len(refine_keys) == len(set(refine_keys))
+    refine = run.trials(REFINE, ROLE_SEARCH)
+    elsewhere = [t for t in refine if t.user_attrs.get("reused_from_stage") in GROUPS]
+    assert all(t.user_attrs["stage"] == REFINE for t in refine)
+    assert elsewhere or len(refine) < 9  # with 9 trials over 9 points, one repeat is certain
