@@ -183,6 +183,9 @@ class StudyConfig:
     )
     trials_per_stage: int = 4
     refine_trials: int = 0  # staged only: a last joint stage over every group (0 = none)
+    # A repeated proposal gets the stored measurement (no launch) and a stage whose finite space
+    # is fully measured ends early; false re-measures repeats (more samples of a noisy point).
+    reuse: bool = True
     repeats: int = 2  # interleaved re-measurements of winner and incumbent per stage
     min_gain: float = 0.02  # relative gain of the selection objective needed to accept
     storage: str | None = None  # SQLAlchemy URL; None = SQLite in studies/<name>/optuna.db

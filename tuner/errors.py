@@ -86,3 +86,7 @@ class StorageError(TunerError):
 
 class ArtifactError(TunerError):
     """A trial artifact could not be written or read."""
+
+
+class StudyFailedError(TunerError):
+    """The study stopped because trials fail systematically (or its baseline failed)."""

@@ -14,8 +14,9 @@ from typing import Any
 import optuna
 from optuna.trial import TrialState
 
+from tuner import search_space
 from tuner.acceptance import Decision
-from tuner.config import ParamSpec, TunerConfig
+from tuner.config import ParamSpec, ServerConfig, TunerConfig
 
 
 @dataclass
@@ -119,3 +120,59 @@ def measured_config(
             if _config(canonical(t.user_attrs.get("params_all", {}))) == wanted:
                 return t
     return None
+
+
+def jsonable(value: Any) -> Any:
+    """``value`` as JSON gives it back (what Optuna stores in attrs)."""
+    return json.loads(json.dumps(value, default=str))
+
+
+def seed_incumbent(
+    study: optuna.Study, stage: Stage, incumbent: Incumbent, server: ServerConfig
+) -> bool:
+    """Add the incumbent as a known first trial, so the sampler starts from the control.
+
+    Only when every param of the stage has a known value on the incumbent that lies in the
+    stage's space (False otherwise): a trial with a partial point leaves Optuna's relative
+    samplers (GP, NSGA-II, multivariate TPE) no common search space, and they fall back to
+    random sampling for the whole stage (measured in benchmarks/README.md).
+    """
+    if any(t.user_attrs.get("role") == ROLE_INCUMBENT for t in study.get_trials()):
+        return True
+    params = search_space.resolve(incumbent.params, stage.specs, server)
+    if params is None:
+        return False
+    study.add_trial(
+        optuna.trial.create_trial(
+            values=incumbent.values,
+            params=params,
+            distributions=search_space.distributions(stage.specs),
+            user_attrs={
+                "role": ROLE_INCUMBENT,
+                "source": incumbent.source,
+                "params_all": jsonable(incumbent.params),
+            },
+            constraints=incumbent.constraints,
+        )
+    )
+    return True
+
+
+def tell_reused(
+    study: optuna.Study, trial: optuna.Trial, seen: optuna.trial.FrozenTrial, stage: str
+) -> None:
+    """Answer a repeated proposal with a stored measurement instead of a new launch.
+
+    Samplers re-propose points of small discrete spaces; a launch costs minutes and the
+    acceptance step re-measures the winner anyway (Optuna's FAQ: avoid evaluating the same
+    parameters twice). The trial still counts against the stage's budget.
+    """
+    for key, value in seen.user_attrs.items():
+        trial.set_user_attr(key, value)
+    trial.set_user_attr("role", ROLE_SEARCH)
+    trial.set_user_attr("stage", stage)
+    trial.set_user_attr("reused_from", seen.number)
+    trial.set_user_attr("reused_from_stage", seen.user_attrs.get("stage", stage))
+    for key, value in seen.constraints.items():
+        trial.set_constraint(key, value)
+    study.tell(trial, list(seen.values))

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import shlex
-from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -26,8 +25,9 @@ from optuna.trial import TrialState
 from tuner import search_space
 from tuner.acceptance import Decision, decide
 from tuner.config import TunerConfig
-from tuner.errors import TunerError
+from tuner.errors import StudyFailedError, TunerError
 from tuner.evaluation import Evaluated, Evaluator
+from tuner.failure_budget import FailureBudget
 from tuner.fingerprint import digest
 from tuner.paths import StudyPaths
 from tuner.quality import attach_quality, check_config, gate_applies, quality_line
@@ -36,18 +36,20 @@ from tuner.server import LaunchSpec
 from tuner.stage import (
     ATTR_DECISION,
     ROLE_BASELINE,
-    ROLE_INCUMBENT,
     ROLE_SEARCH,
     Incumbent,
     Stage,
     StudyResult,
     distinct_points,
     incumbent_of,
+    jsonable,
     measured_config,
     measured_point,
     plan_stages,
     search_trials,
+    seed_incumbent,
     spec_text,
+    tell_reused,
 )
 from tuner.storage import (
     ATTR_BASELINE_STUDY,
@@ -63,10 +65,6 @@ Progress = Callable[[str], None]
 # How a study measures one configuration: tuner.trial.run_trial (real server, real load), or a
 # table lookup in benchmarks/replay.py. Same signature, same always-an-outcome contract.
 TrialFn = Callable[..., TrialOutcome]
-
-
-class StudyFailedError(TunerError):
-    """The study stopped because trials fail systematically."""
 
 
 class StudyRunner:
@@ -90,9 +88,7 @@ class StudyRunner:
         self.paths = StudyPaths.for_study(config.studies_dir, config.name)
         self.stages = plan_stages(config)
         self.all_specs = {p: s for st in self.stages for p, s in st.specs.items()}
-        self._failures: list[str] = []
-        self._consecutive_failures = 0
-        self._ok_count = 0
+        self.budget = FailureBudget(config.study)
         check_config(config.quality)  # a bad quality set stops the study before any launch
         self.baseline_quality: Path | None = None  # the reference outputs of the quality gate
         self.baseline_ref: tuple[str, int] = ("", -1)  # (study, trial) of the baseline used
@@ -244,25 +240,8 @@ class StudyRunner:
         # violated 'failed' constraint) so the sampler learns to avoid the region; a FAIL
         # state would be ignored by TPE.
         study.tell(trial, result.values)
-        self._count_failure(result)  # after tell: the trial that trips the budget is stored
-
-    def _count_failure(self, result: Evaluated) -> None:
-        if result.outcome.ok:
-            self._consecutive_failures = 0
-            self._ok_count += 1
-            return
-        self._failures.append(result.outcome.reason)
-        self._consecutive_failures += 1
-        cfg = self.config.study
-        total = len(self._failures) + self._ok_count
-        if self._consecutive_failures >= cfg.max_consecutive_failures or (
-            len(self._failures) >= 3 and len(self._failures) / total > cfg.max_failure_rate
-        ):
-            reason, count = Counter(self._failures).most_common(1)[0]
-            raise StudyFailedError(
-                f"stopping: {len(self._failures)} trials failed, most often {reason} ({count}x)",
-                hint="narrow the search space or fix the fixed args; the study can be resumed",
-            )
+        # after tell: the trial that trips the budget is stored
+        self.budget.count(result.outcome.ok, result.outcome.reason)
 
     # -- stages --------------------------------------------------------------------------
     def _run_stage(self, stage: Stage, incumbent: Incumbent) -> tuple[Incumbent, Decision]:
@@ -277,16 +256,15 @@ class StudyRunner:
         self._seed_incumbent(study, stage, incumbent)
         budget, size = stage.trials, search_space.finite_size(stage.specs)
         while (done := len(search_trials(study))) < budget:
-            if size is not None and distinct_points(study) >= size:
+            reuse = self.config.study.reuse
+            if reuse and size is not None and distinct_points(study) >= size:
                 self.say(f"stage {stage.name}: all {size} points of its space are measured")
                 break
             self.say(f"stage {stage.name}: trial {done + 1}/{budget}")
             trial = study.ask()
             point = search_space.suggest(trial, stage.specs)
             params = {**incumbent.params, **point}
-            seen = measured_point(study, point) or measured_config(
-                self._done_stages, params, self._canonical
-            )
+            seen = self._measured(study, point, params) if reuse else None
             if seen is not None:
                 self._reuse(study, trial, seen, stage)
                 continue
@@ -294,9 +272,17 @@ class StudyRunner:
             self._tell(study, trial, result)
             self._say_best(study, stage)
         decision = self._confirm(study, stage, incumbent)
-        study.set_user_attr(ATTR_DECISION, _jsonable(decision.to_dict()))
+        study.set_user_attr(ATTR_DECISION, jsonable(decision.to_dict()))
         self._done_stages.append(study)
         return self._apply(decision, incumbent, stage), decision
+
+    def _measured(
+        self, study: optuna.Study, point: dict[str, Any], params: dict[str, Any]
+    ) -> optuna.trial.FrozenTrial | None:
+        """This stage's trial at ``point``, or an earlier stage's of the same configuration."""
+        return measured_point(study, point) or measured_config(
+            self._done_stages, params, self._canonical
+        )
 
     def _canonical(self, params: dict[str, Any]) -> dict[str, Any]:
         """Explicit params completed with the fixed args and omit values, where all are known."""
@@ -305,56 +291,17 @@ class StudyRunner:
     def _reuse(
         self, study: optuna.Study, trial: optuna.Trial, seen: optuna.trial.FrozenTrial, stage: Stage
     ) -> None:
-        """Answer a repeated proposal with the stored measurement instead of a new launch
-        (of this stage's point, or of the same full configuration in an earlier stage).
-
-        Samplers re-propose points of small discrete spaces; a launch costs minutes and the
-        acceptance step re-measures the winner anyway (Optuna FAQ: avoid evaluating the same
-        parameters twice). The trial still counts against the stage's budget.
-        """
-        for key, value in seen.user_attrs.items():
-            trial.set_user_attr(key, value)
-        trial.set_user_attr("role", ROLE_SEARCH)
-        trial.set_user_attr("stage", stage.name)
-        trial.set_user_attr("reused_from", seen.number)
-        trial.set_user_attr("reused_from_stage", seen.user_attrs.get("stage", stage.name))
-        for key, value in seen.constraints.items():
-            trial.set_constraint(key, value)
-        study.tell(trial, list(seen.values))
+        tell_reused(study, trial, seen, stage.name)
         where = f"{seen.user_attrs.get('stage', stage.name)} trial {seen.number}"
         self.say(f"stage {stage.name}: trial {trial.number} repeats {where}: measurement reused")
 
     def _seed_incumbent(self, study: optuna.Study, stage: Stage, incumbent: Incumbent) -> None:
-        """Add the incumbent as a known first trial: the sampler starts from the control.
-
-        Only when every param of the stage has a known value on the incumbent that lies in
-        the stage's space: a trial with a partial point leaves Optuna's relative samplers
-        (GP, NSGA-II, multivariate TPE) no common search space, and they fall back to random
-        sampling for the whole stage (measured in benchmarks/README.md).
-        """
-        if any(t.user_attrs.get("role") == ROLE_INCUMBENT for t in study.get_trials()):
-            return
-        params = search_space.resolve(incumbent.params, stage.specs, self.config.server)
-        if params is None:
+        if not seed_incumbent(study, stage, incumbent, self.config.server):
             self.say(
                 f"stage {stage.name}: the incumbent runs vLLM's own default for some of "
                 f"{', '.join(stage.specs)} (not a point of this space); the sampler starts "
                 "without it"
             )
-            return
-        study.add_trial(
-            optuna.trial.create_trial(
-                values=incumbent.values,
-                params=params,
-                distributions=search_space.distributions(stage.specs),
-                user_attrs={
-                    "role": ROLE_INCUMBENT,
-                    "source": incumbent.source,
-                    "params_all": _jsonable(incumbent.params),
-                },
-                constraints=incumbent.constraints,
-            )
-        )
 
     def _say_best(self, study: optuna.Study, stage: Stage) -> None:
         best = self._winner(study)
@@ -461,7 +408,3 @@ def _ok(trial: optuna.trial.FrozenTrial) -> bool:
 
 def _feasible(trial: optuna.trial.FrozenTrial) -> bool:
     return all(v <= 0 for v in trial.constraints.values())
-
-
-def _jsonable(value: Any) -> Any:
-    return json.loads(json.dumps(value, default=str))

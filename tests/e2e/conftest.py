@@ -27,6 +27,10 @@ SMALL = [
     "workload.concurrency=8",
     # Two safe choices: every trial starts (start-up failures are covered elsewhere).
     "search_space=[batching_coarse]",
+    # The control's value as a fixed arg makes the baseline a point of the stage's space, so
+    # it is seeded as trial 0; every proposal is launched (the tests count launches).
+    "server.args.max_num_seqs=64",
+    "study.reuse=false",
 ]
 
 

@@ -33,6 +33,10 @@ FAST = [
     "study.stages=[batching]",
     "study.repeats=0",
     "search_space=[batching_coarse]",
+    # The baseline is a point of the space (seeded as trial 0) and every proposal is launched:
+    # the fault plans count launches, one step each.
+    "server.args.max_num_seqs=64",
+    "study.reuse=false",
     "workload.warmup_s=1",
     "workload.window_s=2",
     "workload.concurrency=4",
