@@ -27,7 +27,9 @@ server P99) is reported next to the raw shift.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
+import math
 import os
 import resource
 import statistics
@@ -50,7 +52,7 @@ from tuner.cli import compose  # noqa: E402
 from tuner.config import LengthDist, RequestClass, SloConfig, WorkloadConfig  # noqa: E402
 from tuner.loadgen import LocustLoadGenerator, Target  # noqa: E402
 from tuner.measure import Measurements, measure  # noqa: E402
-from tuner.records import read_records  # noqa: E402
+from tuner.records import RequestRecord, read_records  # noqa: E402
 from tuner.server import LaunchSpec, make_backend  # noqa: E402
 
 DEFAULT_OUT = ROOT / "benchmarks" / "results"
@@ -138,7 +140,23 @@ def run_ours(target: Target, wl: WorkloadConfig, out: Path, seed: int) -> dict[s
     row["steady_inflight"] = steady_inflight(
         [(r.sent_at, r.sent_at + (r.e2e_s or 0)) for r in done]
     )
+    row.update(user_idle(records))
     return row
+
+
+def user_idle(records: Sequence[RequestRecord]) -> dict[str, float]:
+    """Where a closed-loop user's time goes besides token streaming: the tail after the last
+    token (usage chunk, [DONE]) and the idle gap before its next send (median, in ms)."""
+    by_user: dict[str, list[RequestRecord]] = {}
+    for r in sorted(records, key=lambda r: r.sent_at):
+        by_user.setdefault(r.user, []).append(r)
+    tails = [r.done_at - r.finished_at for r in records if r.done_at and r.finished_at]
+    gaps = [b.sent_at - a.done_at for mine in by_user.values()
+            for a, b in itertools.pairwise(mine) if a.done_at]  # fmt: skip
+    return {
+        "tail_after_last_token_ms": float(np.median(tails)) * 1000 if tails else math.nan,
+        "idle_before_next_send_ms": float(np.median(gaps)) * 1000 if gaps else math.nan,
+    }
 
 
 def _children_cpu_s() -> float:

@@ -9,6 +9,7 @@ durations are measured with a monotonic clock inside the client. Definitions fol
 - ``e2e_s``: send -> last token-bearing event (not the usage chunk, not ``[DONE]``)
 - ``itl_s``: every gap between consecutive token-bearing events
 - ``output_tokens``/``prompt_tokens``: from the final ``usage`` chunk
+- ``done_at``: the instant the response was read to its end (after the last token event)
 A failed request keeps its timing fields as None and says why in ``error_kind``/``error``.
 """
 
@@ -51,6 +52,11 @@ class RequestRecord:
     max_tokens: int | None = None
     error_kind: str = ""
     error: str = ""
+    # Client-side diagnostics: the closed-loop user that sent it ("" in open loop) and when
+    # the whole response (usage chunk, [DONE]) had been read, so the idle time of a user
+    # between its requests (done_at -> its next sent_at) can be measured.
+    user: str = ""
+    done_at: float | None = None
 
     @property
     def finished_at(self) -> float | None:

@@ -6,6 +6,7 @@ client that reads streams late (buffering) or mis-times TTFT/ITL fails here.
 
 from __future__ import annotations
 
+import itertools
 import os
 import subprocess
 import sys
@@ -145,6 +146,24 @@ def test_warmup_is_tagged_and_the_window_drains(closed_run: Run) -> None:
     assert sum(r.finished_at > result.window_end for r in measured if r.finished_at) >= 1
     # Closed loop: 6 users each back-to-back for 8 s at ~0.5 s per request.
     assert 0.9 * 6 * 8 / 0.5 <= len(measured) <= 6 * 8 / 0.5 + 6
+
+
+def test_closed_loop_users_send_back_to_back(closed_run: Run) -> None:
+    """6 users, each with one request at a time, the next sent right after the last is read."""
+    records = sorted(closed_run[1], key=lambda r: r.sent_at)
+    by_user: dict[str, list[RequestRecord]] = {}
+    for r in records:
+        by_user.setdefault(r.user, []).append(r)
+    assert len(by_user) == 6 and "" not in by_user
+    gaps = []
+    for mine in by_user.values():
+        for r in mine:
+            assert r.done_at is not None and r.finished_at is not None
+            assert r.done_at >= r.finished_at  # read to its end after the last token
+        gaps += [b.sent_at - a.done_at for a, b in itertools.pairwise(mine) if a.done_at]
+    assert min(gaps) >= 0  # never two in flight for one user
+    # Client time between requests: small against the ~0.5 s requests (a starved machine aside)
+    assert np.median(gaps) < 0.02, f"median idle {np.median(gaps) * 1000:.1f} ms"
 
 
 def test_locust_artifacts_are_written(closed_run: Run) -> None:

@@ -13,6 +13,7 @@ started finish, up to ``drain_timeout_s``; stragglers are recorded as cut off) â
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import os
@@ -109,7 +110,9 @@ class RunState:
         self.next_plan += 1
         return entry
 
-    def open_record(self, entry: dict[str, Any], phase: str, sched: float | None) -> RequestRecord:
+    def open_record(
+        self, entry: dict[str, Any], phase: str, sched: float | None, user: str = ""
+    ) -> RequestRecord:
         """A record for a request about to be sent, tracked until it is written."""
         self.seq += 1
         rec = RequestRecord(
@@ -121,6 +124,7 @@ class RunState:
             sent_at=0.0,
             ok=True,
             max_tokens=entry["max_tokens"],
+            user=user,
         )
         self.in_flight[rec.request_id] = rec
         return rec
@@ -146,6 +150,7 @@ class RunState:
 
 
 STATE: RunState | None = None
+_USER_IDS = itertools.count()
 DONE_MESSAGE = "tuner_worker_done"
 _DONE_WORKERS: set[str] = set()  # in the master of --processes
 
@@ -221,6 +226,7 @@ def _exchange(
                 _consume(resp, rec, t_send, chat)
             finally:
                 resp.close()
+                rec.done_at = _state().wall(time.perf_counter())
     except _Deadline:
         _fail(rec, ERROR_TIMEOUT, f"no complete answer within {timeout} s")
     except requests.exceptions.Timeout as exc:
@@ -251,7 +257,7 @@ def send_one(
     """Send one planned request, stream the answer, write its record."""
     state = _state()
     prepared = _prepare(user.client, entry)
-    rec = state.open_record(entry, phase, sched)
+    rec = state.open_record(entry, phase, sched, getattr(user, "user_id", ""))
     try:
         t_send = _exchange(user.client, prepared, rec, entry["api"] == "chat")
     except Exception as exc:  # a bug here, not a server failure: record it, fail the run
@@ -277,6 +283,10 @@ class _ServerUser(HttpUser):
 
 class ClosedLoopUser(_ServerUser):
     """One of ``concurrency`` users; each sends its next request when the previous ends."""
+
+    def on_start(self) -> None:
+        super().on_start()
+        self.user_id = f"{os.getpid()}-{next(_USER_IDS)}"  # in every record it sends
 
     @task
     def one_request(self) -> None:
