@@ -21,6 +21,7 @@ from typing import Any
 from tuner.config import TunerConfig
 from tuner.errors import ArtifactError, LoadGenError, ServerError
 from tuner.loadgen import LoadResult, Target, get_load_generator
+from tuner.loadgen.workload import build_plan
 from tuner.measure import Measurements, measure
 from tuner.paths import TrialPaths
 from tuner.quality import run_quality_set
@@ -144,11 +145,13 @@ def _run_phases(
     progress: Progress,
 ) -> None:
     progress("starting server")
+    planner = _plan_ahead(config)
     with clock.phase("startup"):
         server.start()
         info = server.wait_ready(time.monotonic() + config.server.startup_timeout_s)
     outcome.server = asdict(info)
     progress(_ready_line(info))
+    planner.join()  # done long before a server is ready; a wait here shows as unaccounted
     result, summary = _load(config, server, info, paths, clock, progress)
     if config.quality.enabled:  # after the window: never part of the measurement
         progress("quality set: greedy answers for the quality gate")
@@ -199,6 +202,21 @@ def _load(
     telemetry.write_csv(paths.telemetry_csv)
     _link_records(result, paths)
     return result, summary
+
+
+def _plan_ahead(config: TunerConfig) -> threading.Thread:
+    """Synthesize the request plan while vLLM starts: a fresh process pays seconds for the
+    tokenizer (benchmarks/README.md: 4 s of a 55 s trial). The load phase then finds it in
+    build_plan's cache; any error is left for the load phase to raise and report."""
+
+    def work() -> None:
+        if not config.workload.dataset:  # a dataset is read afresh each trial anyway
+            with contextlib.suppress(Exception):
+                build_plan(config.workload, config.server.model)
+
+    thread = threading.Thread(target=work, name="plan-ahead", daemon=True)
+    thread.start()
+    return thread
 
 
 def _target(config: TunerConfig, server: ServerBackend, info: ServerInfo) -> Target:

@@ -228,3 +228,18 @@ def test_unreadable_tokenizer_raises_config_error(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="cannot load a tokenizer") as err:
         wl.load_tokenizer(str(tmp_path))
     assert "\n" not in err.value.one_line()
+
+
+def test_the_plan_is_built_ahead_while_the_server_starts(tok_dir: Path) -> None:
+    """run_trial's planner thread leaves the plan in the cache the load phase reads."""
+    from tuner.config import TunerConfig
+    from tuner.trial import _plan_ahead
+
+    config, tok = TunerConfig(), str(tok_dir)
+    config.server.model = tok
+    config.workload = WorkloadConfig(classes=[RequestClass(name="short")], concurrency=2)
+    wl._PLAN_CACHE.clear()
+    _plan_ahead(config).join(timeout=60)
+    assert len(wl._PLAN_CACHE) == 1
+    (cached,) = wl._PLAN_CACHE.values()
+    assert wl.build_plan(config.workload, tok) == cached  # the load phase: a cache hit
