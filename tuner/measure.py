@@ -37,6 +37,10 @@ MIN_SAMPLES_P99_CI = 368
 # An open-loop client that sends later than scheduled offers less load than asked; above this the
 # arrival process is no longer what the workload says (the notes saw <= 3 ms when healthy).
 DISPATCH_LAG_WARN_S = 0.010
+# Fewer P50 E2E latencies per window than this and a closed-loop user starts only a handful
+# of requests in it: +-1 request per user moves output tok/s by 10-50 % (measured on a grid with
+# 5 s requests in a 10 s window: many configurations at exactly 2 requests per user).
+MIN_LATENCIES_PER_WINDOW = 5.0
 LATENCY_METRICS = ("ttft", "tpot", "itl", "e2e")
 STAT_NAMES = ("mean", "p50", "p90", "p95", "p99", "min", "max")
 UNKNOWN_ERROR = "unknown"
@@ -270,8 +274,22 @@ def _sample_size_warnings(stats: dict[str, MetricStats]) -> list[str]:
     ]
 
 
-def _warnings(sample: _Sample, stats: dict[str, MetricStats], lag_p99: float | None) -> list[str]:
-    out: list[str] = []
+def _short_window(stats: dict[str, MetricStats], window_s: float) -> list[str]:
+    """A window of few request latencies: the counts behind every throughput are coarse."""
+    p50 = stats["e2e"].p50
+    if p50 is None or window_s >= MIN_LATENCIES_PER_WINDOW * p50:
+        return []
+    return [
+        f"the {window_s:.0f} s window holds only {window_s / p50:.1f} P50 E2E latencies "
+        f"({p50:.2f} s): each user starts about as many requests, so throughput counts are "
+        f"coarse; set workload.window_s >= {MIN_LATENCIES_PER_WINDOW * p50:.0f}"
+    ]
+
+
+def _warnings(
+    sample: _Sample, stats: dict[str, MetricStats], lag_p99: float | None, window_s: float
+) -> list[str]:
+    out: list[str] = _short_window(stats, window_s)
     if not sample.started:
         out.append("no requests were started in the measurement window")
     elif not sample.done:
@@ -331,5 +349,5 @@ def measure(
         mean_output_tokens=mean_output,
         dispatch_lag_p99_s=lag_p99,
         e2e_p99_adjusted_s=_adjusted_e2e_p99(sample, timeout_s),
-        warnings=_warnings(sample, stats, lag_p99),
+        warnings=_warnings(sample, stats, lag_p99, window_s),
     )

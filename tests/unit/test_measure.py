@@ -226,3 +226,12 @@ def test_flat_names_and_table() -> None:
 def test_empty_window_is_rejected() -> None:
     with pytest.raises(ValueError, match="empty measurement window"):
         measure([], T1, T0, NO_SLO)
+
+
+def test_a_window_of_few_latencies_is_flagged() -> None:
+    long = [ok(T0 + i, e2e=4.0) for i in range(6)]  # 10 s window, 4 s requests: 2.5 per window
+    m = measure(long, T0, T1, NO_SLO)
+    (warning,) = [w for w in m.warnings if "window" in w]
+    assert "2.5 P50 E2E latencies" in warning and "workload.window_s >= 20" in warning
+    short = measure([ok(T0 + i, e2e=1.0) for i in range(6)], T0, T1, NO_SLO)
+    assert not [w for w in short.warnings if "P50 E2E latencies" in w]
