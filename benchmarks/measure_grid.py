@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import csv
 import itertools
+import json
 import os
 import random
 import shutil
@@ -28,12 +29,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from tuner.cli import compose  # noqa: E402
 from tuner.evaluation import Evaluator  # noqa: E402
+from tuner.measure import token_rate  # noqa: E402
 from tuner.paths import StudyPaths  # noqa: E402
+from tuner.records import read_records  # noqa: E402
 from tuner.server import LaunchSpec  # noqa: E402
 from tuner.trial import run_trial  # noqa: E402
 
@@ -47,7 +52,8 @@ PARAMS = list(GRID)
 COLUMNS = [
     "config_id", "repeat", "order", *PARAMS, "status", "reason",
     "p50_e2e_s", "p99_e2e_s", "p50_ttft_s", "p99_ttft_s", "p50_tpot_s", "p99_tpot_s",
-    "output_tok_s", "request_per_s", "cost_per_m_tok", "error_rate", "completed", "failed",
+    "output_tok_s", "output_token_rate", "request_per_s", "cost_per_m_tok", "error_rate",
+    "completed", "failed",
     "kv_cache_tokens", "startup_s", "trial_s", "client_saturated", "loadavg_1m", "started_at",
     "errors_by_kind", "message",
 ]  # fmt: skip
@@ -111,6 +117,10 @@ def _stat(m: dict[str, Any], metric: str, stat: str) -> float | str:
     return "" if value is None else round(float(value), 5)
 
 
+def _round(value: Any) -> float | str:
+    return "" if value is None else round(float(value), 2)
+
+
 def row_of(point: Point, rep: int, order: int, outcome: Any, cost: float) -> dict[str, Any]:
     m = outcome.measurements or {}
     ok = outcome.ok and m.get("completed", 0) > 0
@@ -139,6 +149,7 @@ def row_of(point: Point, rep: int, order: int, outcome: Any, cost: float) -> dic
             p50_tpot_s=_stat(m, "tpot", "p50"),
             p99_tpot_s=_stat(m, "tpot", "p99"),
             output_tok_s=round(float(m["output_throughput"]), 2),
+            output_token_rate=_round(m.get("output_token_rate")),
             request_per_s=round(float(m["request_throughput"]), 3),
             error_rate=round(float(m["error_rate"]), 4),
             completed=m["completed"],
@@ -193,6 +204,28 @@ def measure(args: argparse.Namespace) -> int:
     return 0
 
 
+def backfill(csv_path: Path, records_dir: Path, warmup_s: float) -> int:
+    """Fill output_token_rate of rows measured before the column existed, from their kept
+    records (``records_dir/<config_id>-r<repeat>/loadgen``: records-*.jsonl and *.run.json)."""
+    frame = pd.read_csv(csv_path, keep_default_na=False, dtype=str)
+    if "output_token_rate" not in frame:
+        frame.insert(frame.columns.get_loc("output_tok_s") + 1, "output_token_rate", "")
+    filled = 0
+    for i, row in frame.iterrows():
+        folder = records_dir / f"{row['config_id']}-r{row['repeat']}" / "loadgen"
+        infos = [json.loads(f.read_text()) for f in folder.glob("*.run.json")]
+        if row["output_token_rate"] or row["status"] != "ok" or not infos:
+            continue
+        start = min(info["t0"] for info in infos) + warmup_s
+        end = max(info["stopped_at"] for info in infos)
+        records = [r for f in folder.glob("records-*.jsonl") for r in read_records(f)]
+        frame.loc[i, "output_token_rate"] = str(_round(token_rate(records, start, end)))
+        filled += 1
+    frame[COLUMNS].to_csv(csv_path, index=False)
+    print(f"output_token_rate filled for {filled} rows from {records_dir}")
+    return 0
+
+
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--csv", type=Path, default=DEFAULT_CSV, help="append here; resume from it")
@@ -204,6 +237,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--studies-dir", type=Path, default=Path("/tmp/tuner-grid"))
     p.add_argument("--keep-trials", action="store_true", help="keep each trial's folder")
     p.add_argument("--dry-run", action="store_true", help="list what would be measured")
+    p.add_argument(
+        "--backfill",
+        type=Path,
+        metavar="DIR",
+        help="fill output_token_rate of older rows from records kept under DIR",
+    )
     return p.parse_args(argv)
 
 
@@ -213,4 +252,5 @@ def _sigterm(_signum: int, _frame: object) -> None:
 
 if __name__ == "__main__":
     signal.signal(signal.SIGTERM, _sigterm)
-    sys.exit(measure(parse_args()))
+    args = parse_args()
+    sys.exit(backfill(args.csv, args.backfill, args.warmup) if args.backfill else measure(args))

@@ -21,6 +21,19 @@ class OutputThroughput(Objective):
 
 
 @register_objective
+class OutputTokenRate(Objective):
+    name = "output_token_rate"
+    direction = MAXIMIZE
+    unit = "tok/s"
+    description = "output tokens generated inside the window per second (token timestamps)"
+
+    def value(self, m: Measurements, ctx: ObjectiveContext) -> float:
+        # Smooth where output_throughput steps by whole requests (a window of few latencies).
+        rate = m.output_token_rate
+        return rate if has_traffic(m) and rate is not None else math.nan
+
+
+@register_objective
 class Goodput(Objective):
     name = "goodput"
     direction = MAXIMIZE

@@ -108,6 +108,10 @@ class Measurements:
     dispatch_lag_p99_s: float | None
     # Stricter E2E P99 where each failure counts as the request timeout (AIPerf's adj_*).
     e2e_p99_adjusted_s: float | None = None
+    # Output tokens *generated inside the window* per second, by any request (from each token
+    # event's instant): the server's rate, free of the request-boundary steps of
+    # output_throughput when the window holds few request latencies. None without token times.
+    output_token_rate: float | None = None
     warnings: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
@@ -146,6 +150,7 @@ class Measurements:
             mean_output_tokens=_nan_if_none(self.mean_output_tokens),
             dispatch_lag_p99_s=_nan_if_none(self.dispatch_lag_p99_s),
             e2e_p99_adjusted_s=_nan_if_none(self.e2e_p99_adjusted_s),
+            output_token_rate_tok_s=_nan_if_none(self.output_token_rate),
         )
         # Every known kind always appears, so tables of several trials share their columns.
         for kind in sorted(set(ERROR_KINDS) | set(self.errors_by_kind)):
@@ -255,6 +260,21 @@ def _throughputs(sample: _Sample, window_s: float, slo: SloConfig) -> tuple[floa
     return tuple(x / window_s for x in (len(sample.done), output, prompt + output, good))
 
 
+def token_rate(records: Sequence[RequestRecord], start: float, end: float) -> float | None:
+    """Output tokens generated in ``[start, end)`` per second, over every request's token
+    events (first token at sent_at + ttft_s, then each ITL gap); an event carries
+    output_tokens / events tokens (vLLM may put several tokens in one SSE event)."""
+    total, timed = 0.0, False
+    for r in records:
+        if r.ttft_s is None:
+            continue
+        times = r.sent_at + r.ttft_s + np.concatenate(([0.0], np.cumsum(r.itl_s)))
+        per_event = (r.output_tokens or len(times)) / len(times)
+        total += per_event * np.count_nonzero((times >= start) & (times < end))
+        timed = True
+    return total / (end - start) if timed else None
+
+
 def _token_means(done: list[RequestRecord]) -> tuple[float | None, float | None]:
     prompt = [r.prompt_tokens for r in done if r.prompt_tokens is not None]
     output = [r.output_tokens for r in done if r.output_tokens is not None]
@@ -324,6 +344,7 @@ def measure(
     if window_end <= window_start:
         raise ValueError(f"empty measurement window [{window_start}, {window_end})")
     window_s = window_end - window_start
+    records = list(records)
     sample = _split(records, window_start, window_end)
     stats = _latency_stats(sample.done)
     lag_p99 = _percentile([r.sent_at - r.scheduled_at for r in sample.started], 99)
@@ -349,5 +370,6 @@ def measure(
         mean_output_tokens=mean_output,
         dispatch_lag_p99_s=lag_p99,
         e2e_p99_adjusted_s=_adjusted_e2e_p99(sample, timeout_s),
+        output_token_rate=token_rate(records, window_start, window_end),
         warnings=_warnings(sample, stats, lag_p99, window_s),
     )

@@ -162,6 +162,13 @@ def test_closed_loop_users_send_back_to_back(closed_run: Run) -> None:
             assert r.done_at >= r.finished_at  # read to its end after the last token
         gaps += [b.sent_at - a.done_at for a, b in itertools.pairwise(mine) if a.done_at]
     assert min(gaps) >= 0  # never two in flight for one user
+    # Tokens generated in the window: 6 users, N_OUT tokens per request cycle each.
+    cycle = np.median(
+        [b.sent_at - a.sent_at for m in by_user.values() for a, b in itertools.pairwise(m)]
+    )
+    result = closed_run[0]
+    rate = measure(records, result.window_start, result.window_end, SloConfig()).output_token_rate
+    assert rate == pytest.approx(6 * N_OUT / cycle, rel=0.1)
     # Client time between requests: small against the ~0.5 s requests (a starved machine aside)
     assert np.median(gaps) < 0.02, f"median idle {np.median(gaps) * 1000:.1f} ms"
 

@@ -235,3 +235,18 @@ def test_a_window_of_few_latencies_is_flagged() -> None:
     assert "2.5 P50 E2E latencies" in warning and "workload.window_s >= 20" in warning
     short = measure([ok(T0 + i, e2e=1.0) for i in range(6)], T0, T1, NO_SLO)
     assert not [w for w in short.warnings if "P50 E2E latencies" in w]
+
+
+def test_output_token_rate_counts_tokens_generated_inside_the_window() -> None:
+    # Sent in the warm-up: events at T0-0.5, T0, ..., T0+4.0 -> 9 of its 10 tokens in the window.
+    early = ok(T0 - 1, ttft=0.5, e2e=5.0, out=10, itl=[0.5] * 9, phase="warmup")
+    # 10 events carrying 2 tokens each, all inside.
+    batched = ok(T0 + 1, ttft=0.1, e2e=1.0, out=20, itl=[0.1] * 9)
+    # Sent at the end: first event at T1-0.2, then T1+0.3...: 1 of 5 tokens inside.
+    late = ok(T1 - 0.4, ttft=0.2, e2e=2.2, out=5, itl=[0.5] * 4)
+    m = measure([early, batched, late, failed(T0 + 2, ERROR_TIMEOUT)], T0, T1, NO_SLO)
+    assert m.output_token_rate == pytest.approx((9 + 20 + 1) / 10)
+    # output_throughput counts whole requests sent in the window instead: 20 + 5 tokens.
+    assert m.output_throughput == pytest.approx(25 / 10)
+    assert m.flat()["output_token_rate_tok_s"] == pytest.approx(3.0)
+    assert measure([failed(T0 + 1, ERROR_TIMEOUT)], T0, T1, NO_SLO).output_token_rate is None

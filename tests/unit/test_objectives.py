@@ -22,6 +22,7 @@ BUILTIN_OBJECTIVES = {
     "p99_e2e_latency",
     "p99_ttft",
     "output_throughput",
+    "output_token_rate",
     "goodput",
     "cost_per_million_tokens",
     "energy_per_million_tokens",
@@ -88,6 +89,9 @@ def test_latency_and_throughput_values_and_no_fake_best_on_empty() -> None:
     assert get_objective("p99_e2e_latency").value(m, ctx) == 1.7
     assert get_objective("p99_ttft").value(m, ctx) == 0.25
     assert get_objective("output_throughput").value(m, ctx) == 1234.0
+    assert math.isnan(get_objective("output_token_rate").value(m, ctx))  # no token times
+    m.output_token_rate = 1190.5
+    assert get_objective("output_token_rate").value(m, ctx) == 1190.5
     assert get_objective("goodput").value(m, ctx) == m.goodput
     for name in BUILTIN_OBJECTIVES - {"energy_per_million_tokens"}:
         assert math.isnan(get_objective(name).value(EMPTY, ctx)), name
