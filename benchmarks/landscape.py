@@ -60,8 +60,10 @@ class Measured:
     failed: int
 
     @classmethod
-    def from_row(cls, row: Mapping[str, str]) -> Measured:
+    def from_row(cls, row: Mapping[str, str], throughput: str = "output_tok_s") -> Measured:
+        """A row, with ``throughput`` (a column) as its output tok/s."""
         num = {k: _num(row.get(k, "")) for k in _METRIC_COLUMNS}
+        num["output_tok_s"] = _num(row.get(throughput, ""))
         ok = row.get("status") == "ok" and num["p99_e2e_s"] is not None
         return cls(
             ok=ok,
@@ -108,12 +110,22 @@ class Landscape:
         self.defaults = dict(defaults)  # a param a launch leaves out takes this value
 
     @classmethod
-    def from_csv(cls, path: Path, params: Sequence[str], defaults: Mapping[str, Any]) -> Landscape:
+    def from_csv(
+        cls,
+        path: Path,
+        params: Sequence[str],
+        defaults: Mapping[str, Any],
+        throughput: str = "output_tok_s",
+    ) -> Landscape:
+        """The table; a successful row without a ``throughput`` value is left out (measured
+        before that column existed)."""
         table: dict[Key, list[Measured]] = {}
         with path.open(newline="", encoding="utf-8") as f:
             for row in csv.DictReader(f):
+                if row.get("status") == "ok" and not row.get(throughput):
+                    continue
                 key = tuple(parse_value(row[p]) for p in params)
-                table.setdefault(key, []).append(Measured.from_row(row))
+                table.setdefault(key, []).append(Measured.from_row(row, throughput))
         return cls(params, table, defaults)
 
     def key(self, args: Mapping[str, Any]) -> Key:

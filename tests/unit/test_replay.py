@@ -67,3 +67,22 @@ def test_replay_on_synthetic_table(replay: ModuleType, tmp_path: Path) -> None:
     assert set(summary) == names
     assert summary["grid"]["reached_97"] == "3/3"
     assert not math.isnan(summary["staged_tpe"]["median_final_score"])
+
+
+def test_the_throughput_column_is_chosen_and_rows_without_it_left_out(
+    replay: ModuleType, tmp_path: Path
+) -> None:
+    table = write_table(tmp_path / "grid.csv")
+    lines = table.read_text().splitlines()
+    # The second repeat of each configuration gets a token rate of 2x its tok/s; the first none.
+    out = [lines[0] + ",output_token_rate"]
+    for i, line in enumerate(lines[1:]):
+        tok = float(line.split(",")[10])
+        out.append(line + ("," if i % 2 == 0 else f",{2 * tok}"))
+    table.write_text("\n".join(out) + "\n")
+    by_count = replay.Landscape.from_csv(table, PARAMS, DEFAULTS)
+    by_rate = replay.Landscape.from_csv(table, PARAMS, DEFAULTS, "output_token_rate")
+    key = (64, 8192)
+    assert len(by_count.table[key]) == 2 and len(by_rate.table[key]) == 1
+    (only,) = by_rate.table[key]
+    assert only.output_tok_s == pytest.approx(2 * by_count.table[key][1].output_tok_s)
