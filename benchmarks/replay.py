@@ -264,22 +264,23 @@ def incumbent_timeline(
 
 # ---- the benchmark -----------------------------------------------------------------------
 def default_strategies(
-    joint_trials: int, staged_trials: Sequence[int], refine_trials: int
+    joint_trials: Sequence[int], staged_trials: Sequence[int], refine_trials: int
 ) -> list[StudyStrategy]:
     """Tuner's staged TPE at each stage budget (with and without the final joint refinement),
-    and every sampler over the joint space."""
-    staged = [StudyStrategy(f"staged_tpe_{n}", "staged", "tpe", n) for n in staged_trials]
+    and every sampler over the joint space at each budget."""
+    out = [StudyStrategy(f"staged_tpe_{n}", "staged", "tpe", n) for n in staged_trials]
     if refine_trials:
-        staged += [StudyStrategy(f"staged_tpe_{n}_refine_{refine_trials}", "staged", "tpe", n,
-                                 refine_trials=refine_trials) for n in staged_trials]  # fmt: skip
-    return [
-        *staged,
-        StudyStrategy("joint_tpe", "joint", "tpe", joint_trials),
-        StudyStrategy("joint_gp", "joint", "gp", joint_trials),
-        # population 6: four generations in 20 trials (conf/sampler/nsga2.yaml explains why).
-        StudyStrategy("joint_nsga2", "joint", "nsga2", joint_trials, 2, 0, {"population_size": 6}),
-        StudyStrategy("joint_random", "joint", "random", joint_trials, 2, 0),
-    ]
+        out += [StudyStrategy(f"staged_tpe_{n}_refine_{refine_trials}", "staged", "tpe", n,
+                              refine_trials=refine_trials) for n in staged_trials]  # fmt: skip
+    for n in joint_trials:
+        out += [
+            StudyStrategy(f"joint_tpe_{n}", "joint", "tpe", n),
+            StudyStrategy(f"joint_gp_{n}", "joint", "gp", n),
+            # population 6: generations of 6 (conf/sampler/nsga2.yaml explains why).
+            StudyStrategy(f"joint_nsga2_{n}", "joint", "nsga2", n, 2, 0, {"population_size": 6}),
+            StudyStrategy(f"joint_random_{n}", "joint", "random", n, 2, 0),
+        ]
+    return out
 
 
 def categorical_space(
@@ -350,7 +351,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="CSV column used as the output tok/s (the study's throughput objective)",
     )
     p.add_argument("--slo", type=float, default=None, help="P99 E2E SLO (s); default: median")
-    p.add_argument("--joint-trials", type=int, default=20)
+    p.add_argument(
+        "--joint-trials",
+        type=int,
+        nargs="+",
+        default=[10, 20],
+        help="study.trials_per_stage of the joint runs (each sampler at each value)",
+    )
     p.add_argument(
         "--staged-trials",
         type=int,
