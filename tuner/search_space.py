@@ -339,6 +339,12 @@ def group_of(space: Mapping[str, Mapping[str, SpecLike]], param: str) -> str:
     raise ConfigError(f"parameter {param!r} is in no search_space group (groups: {list(space)})")
 
 
+def choices_of(spec: SpecLike) -> list[Any] | None:
+    """Every value a categorical or bool param can take; None for a range."""
+    checked = as_spec(spec, "_")
+    return _kind(checked, "_").choices(checked)
+
+
 def finite_size(specs: Mapping[str, SpecLike]) -> int | None:
     """How many points a group's space has, or None when a param is a continuous range."""
     size = 1

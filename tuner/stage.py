@@ -72,8 +72,9 @@ def incumbent_of(trial: optuna.trial.FrozenTrial, source: str) -> Incumbent:
 
 
 def spec_text(spec: ParamSpec) -> str:
-    if spec.choices is not None:
-        return str(list(spec.choices))
+    choices = search_space.choices_of(spec)
+    if choices is not None:
+        return str(choices)
     return f"[{spec.low}, {spec.high}]{' log' if spec.log else ''}"
 
 
