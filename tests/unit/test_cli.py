@@ -113,3 +113,17 @@ def test_dry_run_prints_the_command_and_starts_nothing(
     assert "vllm.entrypoints.openai.api_server" in out and "--max-num-seqs 16" in out
     assert "concurrency: 16" in out
     assert not tmp_path.exists() or not any(tmp_path.iterdir())
+
+
+def test_run_dry_run_prints_every_stage_and_the_refinement(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    rc = main(["run", "study=cpu_full", f"studies_dir={tmp_path}", "--dry-run"])
+    out = capsys.readouterr().out
+    assert rc == 0
+    assert "stage runtime: 6 trials over {enforce_eager: [False, True]}" in out
+    refine = next(line for line in out.splitlines() if line.startswith("stage refine"))
+    assert refine.startswith("stage refine: 6 trials over") and "max_num_seqs" in refine
+    assert "tensor_parallel_size" in refine  # the union of every group
+    # baseline + 6 stages x (6 trials + 2 x 2 confirmations)
+    assert "budget: at most 61 server launches" in out
