@@ -17,8 +17,8 @@ import optuna
 from tuner import objective as obj
 from tuner.config import TunerConfig
 from tuner.quality import context_excess, quality_attrs
-from tuner.search_space import devices_needed
 from tuner.server import LaunchSpec
+from tuner.space_checks import devices_needed
 from tuner.trial import TrialOutcome
 
 FAILED_CONSTRAINT = "server_failed"  # > 0 when the trial produced no measurement at all

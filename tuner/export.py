@@ -29,7 +29,7 @@ from typing import Any, Protocol
 
 import yaml
 
-from tuner import search_space
+from tuner import search_space, space_checks
 from tuner.errors import ArtifactError, ConfigError
 from tuner.evidence import Evidence, build_evidence
 from tuner.paths import safe_name
@@ -121,7 +121,7 @@ def build_serve_spec(review: Review, choice: Choice) -> ServeSpec:
         args={k: v for k, v in args.items() if v is not None and _deployable(k)},
         env={k: str(v) for k, v in env.items() if not is_secret_name(k)},
         device=review.device,
-        devices=search_space.devices_needed(args),
+        devices=space_checks.devices_needed(args),
         vllm_version=str(review.fingerprint.get("vllm") or ""),
         launcher=list(server.get("launcher") or ["vllm", "serve", "{model}"]),
         served_model_name=server.get("served_model_name"),

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,8 +33,6 @@ from tuner.launch import LaunchSpec
 
 SpecLike = ParamSpec | Mapping[str, Any]
 Space = dict[str, dict[str, ParamSpec]]
-# vLLM arguments whose product is the number of devices one server occupies.
-DEVICE_MULTIPLIERS = ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size")
 # Types Optuna can store as categorical choices (it persists them as JSON).
 CHOICE_TYPES = (bool, int, float, str)
 
@@ -391,57 +389,3 @@ def resolve(
 def merge(incumbent_params: Mapping[str, Any], stage_params: Mapping[str, Any]) -> dict[str, Any]:
     """The full configuration of a stage trial: the incumbent with this stage's params on top."""
     return {**incumbent_params, **stage_params}
-
-
-def devices_needed(args: Mapping[str, Any]) -> int:
-    """Devices one server occupies for these vLLM args: TP x PP x DP (missing = 1)."""
-    return math.prod(int(args.get(name) or 1) for name in DEVICE_MULTIPLIERS)
-
-
-def _values(spec: ParamSpec, where: str) -> list[int]:
-    """The choices, or a range's extremes (enough to find values that can never fit)."""
-    choices = _kind(spec, where).choices(spec)
-    return [int(v) for v in (choices or [spec.low or 1, spec.high or 1])]
-
-
-def validate_against_devices(
-    space: Mapping[str, Mapping[str, SpecLike]],
-    device: str,
-    device_count: int,
-    fixed_args: Mapping[str, Any] | None = None,
-) -> None:
-    """Reject parallel-size values that cannot fit the visible devices whatever else is chosen."""
-    fixed = dict(fixed_args or {})
-    tuned = {
-        (s.name or p): (f"{g}.{p}", _values(s, f"{g}.{p}"))
-        for g, specs in space.items()
-        for p, s in _specs(specs, g).items()
-        if s.target == "arg" and (s.name or p) in DEVICE_MULTIPLIERS
-    }
-    for arg, (where, values) in tuned.items():
-        others = {n: min(v) for n, (_, v) in tuned.items() if n != arg}
-        floor = devices_needed({**fixed, **others, arg: 1})
-        too_big = [v for v in values if v * floor > device_count]
-        if too_big:
-            raise _fail(
-                where,
-                f"values {too_big} need more than the {device_count} visible {device} devices",
-                hint="remove them from choices or expose more devices",
-            )
-
-
-def unknown_params(
-    space: Mapping[str, Mapping[str, SpecLike]], known_flags: Iterable[str]
-) -> list[str]:
-    """``group.param`` of arg-target params that the server's parser does not accept.
-
-    ``known_flags`` are option strings ("--max-num-seqs"); both sides are compared in
-    argument-name form (max_num_seqs), so the flag spelling stays the server's business.
-    """
-    known = {f.lstrip("-").replace("-", "_") for f in known_flags}
-    return [
-        f"{g}.{p}"
-        for g, specs in space.items()
-        for p, s in _specs(specs, g).items()
-        if s.target == "arg" and (s.name or p) not in known
-    ]

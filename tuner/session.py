@@ -16,7 +16,7 @@ from typing import IO, Any
 
 import yaml
 
-from tuner import search_space
+from tuner import search_space, space_checks
 from tuner.config import TunerConfig
 from tuner.errors import ConfigError, PreflightError
 from tuner.evaluation import Evaluator
@@ -45,7 +45,7 @@ class Session:
         self._take_lock()
         cfg = self.config
         python = cfg.server.python or _sys_python()
-        unknown = search_space.unknown_params(cfg.search_space, vllm_flags(python))
+        unknown = space_checks.unknown_params(cfg.search_space, vllm_flags(python))
         if unknown:
             raise ConfigError(
                 f"search_space has params that vLLM does not accept: {', '.join(unknown)}",
@@ -135,7 +135,7 @@ def open_session(config: TunerConfig, rebaseline: bool, progress: Progress) -> S
     """Everything a run or a dry run needs; cheap checks (search space, devices) happen here."""
     device_count = gpu_count() if config.server.device == "cuda" else (os.cpu_count() or 1)
     search_space.validate_space(config.search_space)
-    search_space.validate_against_devices(
+    space_checks.validate_against_devices(
         config.search_space, config.server.device, device_count, fixed_args=config.server.args
     )
     gpus = gpu_inventory() if config.server.device == "cuda" else []

@@ -13,6 +13,7 @@ import pytest
 import yaml
 
 from tuner import search_space as ss
+from tuner import space_checks as checks
 from tuner.errors import ConfigError, PreflightError
 from tuner.server import vllm_parser as vp
 from tuner.server.vllm import args_to_argv
@@ -56,7 +57,7 @@ def test_every_arg_param_under_conf_is_a_vllm_flag(cache_dir: Path) -> None:
     flags = vp.vllm_flags(PY)
     for path in sorted((CONF / "search_space").glob("*.yaml")):
         space = ss.coerce_space(yaml.safe_load(path.read_text()))
-        assert ss.unknown_params(space, flags) == [], path.name
+        assert checks.unknown_params(space, flags) == [], path.name
 
 
 def test_check_argvs_accepts_and_rejects_like_the_server(tmp_path: Path) -> None:

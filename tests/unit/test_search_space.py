@@ -11,6 +11,7 @@ import yaml
 from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
 
 from tuner import search_space as ss
+from tuner import space_checks as checks
 from tuner.errors import ConfigError
 
 CONF = Path(__file__).resolve().parents[2] / "conf"
@@ -134,22 +135,24 @@ def test_device_check_rejects_parallel_sizes_that_cannot_fit() -> None:
             "pipeline_parallel_size": {"type": "categorical", "choices": [1]},
         }
     }
-    ss.validate_against_devices(space, "cuda", 8)
+    checks.validate_against_devices(space, "cuda", 8)
     with pytest.raises(ConfigError) as err:
-        ss.validate_against_devices(space, "cuda", 4)
+        checks.validate_against_devices(space, "cuda", 4)
     assert "search_space.parallelism.tensor_parallel_size: values [8]" in err.value.one_line()
     # A fixed PP of 2 counts, unless the space tunes PP itself (trial args override fixed ones).
-    ss.validate_against_devices(space, "cuda", 8, fixed_args={"pipeline_parallel_size": 2})
+    checks.validate_against_devices(space, "cuda", 8, fixed_args={"pipeline_parallel_size": 2})
     tp_only = {
         "parallelism": {"tensor_parallel_size": space["parallelism"]["tensor_parallel_size"]}
     }
     with pytest.raises(ConfigError, match=r"values \[4, 8\]"):
-        ss.validate_against_devices(tp_only, "cuda", 4, fixed_args={"pipeline_parallel_size": 2})
+        checks.validate_against_devices(
+            tp_only, "cuda", 4, fixed_args={"pipeline_parallel_size": 2}
+        )
 
 
 def test_devices_needed_is_the_product_of_parallel_sizes() -> None:
-    assert ss.devices_needed({"tensor_parallel_size": 4, "pipeline_parallel_size": 2}) == 8
-    assert ss.devices_needed({"max_num_seqs": 3}) == 1
+    assert checks.devices_needed({"tensor_parallel_size": 4, "pipeline_parallel_size": 2}) == 8
+    assert checks.devices_needed({"max_num_seqs": 3}) == 1
 
 
 def test_unknown_params_lists_arg_params_the_parser_lacks() -> None:
@@ -164,7 +167,7 @@ def test_unknown_params_lists_arg_params_the_parser_lacks() -> None:
         "--no-enable-chunked-prefill",
         "-tp",
     }
-    assert ss.unknown_params(space, flags) == ["batching.max_num_seqz"]
+    assert checks.unknown_params(space, flags) == ["batching.max_num_seqz"]
 
 
 def test_suggest_returns_values_inside_the_distributions() -> None:
@@ -229,7 +232,7 @@ def test_cpu_preset_of_groups_composes_with_hydra() -> None:
     launch = ss.to_launch({"tensor_parallel_size": 2, "quantization": "none"}, ss.flatten(space))
     assert launch.env == {"VLLM_CPU_OMP_THREADS_BIND": "0|1"}
     assert launch.args == {"tensor_parallel_size": 2, "quantization": None}
-    ss.validate_against_devices(space, "cpu", 2)
+    checks.validate_against_devices(space, "cpu", 2)
 
 
 @pytest.mark.parametrize(
