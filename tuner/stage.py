@@ -84,6 +84,11 @@ def search_trials(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
     return [t for t in done if t.user_attrs.get("role") == ROLE_SEARCH]
 
 
+def launched_trials(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
+    """The search trials that started a server (a stage's budget counts these)."""
+    return [t for t in search_trials(study) if "reused_from" not in t.user_attrs]
+
+
 def _point(params: dict[str, Any]) -> str:
     return repr(sorted(params.items()))
 
@@ -166,7 +171,7 @@ def tell_reused(
 
     Samplers re-propose points of small discrete spaces; a launch costs minutes and the
     acceptance step re-measures the winner anyway (Optuna's FAQ: avoid evaluating the same
-    parameters twice). The trial still counts against the stage's budget.
+    parameters twice). The stage's budget counts launches, so it explores as many points.
     """
     for key, value in seen.user_attrs.items():
         trial.set_user_attr(key, value)

@@ -43,6 +43,7 @@ from tuner.stage import (
     distinct_points,
     incumbent_of,
     jsonable,
+    launched_trials,
     measured_config,
     measured_point,
     plan_stages,
@@ -65,6 +66,7 @@ Progress = Callable[[str], None]
 # How a study measures one configuration: tuner.trial.run_trial (real server, real load), or a
 # table lookup in benchmarks/replay.py. Same signature, same always-an-outcome contract.
 TrialFn = Callable[..., TrialOutcome]
+MAX_PROPOSALS_PER_TRIAL = 4
 
 
 class StudyRunner:
@@ -254,17 +256,14 @@ class StudyRunner:
             self._done_stages.append(study)
             return self._apply(decision, incumbent, stage), decision
         self._seed_incumbent(study, stage, incumbent)
-        budget, size = stage.trials, search_space.finite_size(stage.specs)
-        while (done := len(search_trials(study))) < budget:
-            reuse = self.config.study.reuse
-            if reuse and size is not None and distinct_points(study) >= size:
-                self.say(f"stage {stage.name}: all {size} points of its space are measured")
+        while (done := len(launched_trials(study))) < stage.trials:
+            if self._stage_exhausted(study, stage):
                 break
-            self.say(f"stage {stage.name}: trial {done + 1}/{budget}")
+            self.say(f"stage {stage.name}: trial {done + 1}/{stage.trials}")
             trial = study.ask()
             point = search_space.suggest(trial, stage.specs)
             params = {**incumbent.params, **point}
-            seen = self._measured(study, point, params) if reuse else None
+            seen = self._measured(study, point, params) if self.config.study.reuse else None
             if seen is not None:
                 self._reuse(study, trial, seen, stage)
                 continue
@@ -275,6 +274,21 @@ class StudyRunner:
         study.set_user_attr(ATTR_DECISION, jsonable(decision.to_dict()))
         self._done_stages.append(study)
         return self._apply(decision, incumbent, stage), decision
+
+    def _stage_exhausted(self, study: optuna.Study, stage: Stage) -> bool:
+        """Every point of a finite space measured, or the sampler only re-proposes measured
+        points (reused proposals cost no launch, so the budget counts launches; this caps the
+        proposals at MAX_PROPOSALS_PER_TRIAL per trial of the budget)."""
+        if not self.config.study.reuse:
+            return False
+        size = search_space.finite_size(stage.specs)
+        if size is not None and distinct_points(study) >= size:
+            self.say(f"stage {stage.name}: all {size} points of its space are measured")
+            return True
+        if len(search_trials(study)) >= MAX_PROPOSALS_PER_TRIAL * stage.trials:
+            self.say(f"stage {stage.name}: the sampler keeps proposing measured points; done")
+            return True
+        return False
 
     def _measured(
         self, study: optuna.Study, point: dict[str, Any], params: dict[str, Any]
