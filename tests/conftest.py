@@ -11,6 +11,11 @@ from pathlib import Path
 import psutil
 import pytest
 
+# A shell without job control starts background commands (`pytest ... &`, `nohup ... &`) with
+# SIGINT ignored, and an ignored signal is inherited by every child: `tuner run` would then not
+# see the Ctrl-C the tests send. A handled signal resets to the default in children instead.
+signal.signal(signal.SIGINT, signal.default_int_handler)
+
 ROOT = Path(__file__).resolve().parent.parent
 TINY_MODEL = ROOT / "models" / "tiny-llama"
 
