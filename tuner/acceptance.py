@@ -7,7 +7,8 @@ and the decision uses every measurement of both. The rule is deliberately simple
     gain      = mean(candidate) - mean(incumbent)          (sign-adjusted: larger is better)
     noise     = 2 * sqrt(var_c / n_c + var_i / n_i)        (about two standard errors)
     threshold = max(noise, min_gain * |mean(incumbent)|)
-    accept   <=> every candidate repeat was feasible and gain > threshold
+    accept   <=> every candidate repeat was feasible and (gain > threshold
+                 or the incumbent itself violates a constraint: feasibility first)
 """
 
 from __future__ import annotations
@@ -73,8 +74,13 @@ def decide(
     candidate: Sequence[float],
     candidate_feasible: bool,
     min_gain: float,
+    incumbent_feasible: bool = True,
 ) -> Decision:
-    """Apply the rule above. ``direction`` is ``maximize`` or ``minimize``."""
+    """Apply the rule above. ``direction`` is ``maximize`` or ``minimize``.
+
+    Feasibility comes first: an incumbent that violates a constraint (e.g. a baseline over the
+    SLO) gives way to a candidate that met every constraint in every repeat, whatever the gain.
+    """
     sign = 1.0 if direction == "maximize" else -1.0
     inc, cand = np.asarray(incumbent, float), np.asarray(candidate, float)
     decision = Decision(stage, objective, direction, False, "", list(inc), list(cand))
@@ -87,6 +93,9 @@ def decide(
     decision.threshold = max(decision.noise, min_gain * abs(decision.incumbent_mean))
     if not candidate_feasible:
         decision.reason = "candidate violated an SLO or failed when re-measured"
+    elif not incumbent_feasible:
+        decision.accepted = True
+        decision.reason = "the incumbent violates a constraint; the candidate met every one"
     elif not np.isfinite(decision.gain):
         decision.reason = "a re-measurement gave no value"
     elif decision.gain > decision.threshold:

@@ -338,14 +338,16 @@ class StudyRunner:
         winner = self._winner(study)
         idx, sign = self.evaluator.select_index, self.evaluator.select_sign
         obj, direction = self.evaluator.select_by, self.evaluator.directions[idx]
-        if winner is None or sign * winner.values[idx] <= sign * incumbent.values[idx]:
+        inc_ok = all(v <= 0 for v in incumbent.constraints.values())
+        if winner is None or (inc_ok and sign * winner.values[idx] <= sign * incumbent.values[idx]):
             d = decide(stage.name, obj, direction, [], [], False, self.config.study.min_gain)
             d.reason = "no feasible trial beat the incumbent"
             return d
         cand_params = {**incumbent.params, **winner.params}
         inc_vals, cand_vals, feasible = self._repeats(stage, incumbent, cand_params, winner)
+        min_gain = self.config.study.min_gain
         decision = decide(
-            stage.name, obj, direction, inc_vals, cand_vals, feasible, self.config.study.min_gain
+            stage.name, obj, direction, inc_vals, cand_vals, feasible, min_gain, inc_ok
         )
         decision.candidate_trial, decision.candidate_params = winner.number, cand_params
         decision.candidate_objectives = list(winner.values)

@@ -43,3 +43,15 @@ def test_round_trip_and_line() -> None:
     again = Decision.from_dict(d.to_dict())
     assert again == d
     assert "ACCEPTED" in d.line() and "s" in d.line()
+
+
+def test_an_infeasible_incumbent_gives_way_to_a_feasible_candidate() -> None:
+    # A baseline over the SLO with more throughput: the slower candidate that meets the SLO in
+    # every repeat wins (feasibility first); an infeasible candidate still never does.
+    d = decide("batching", "output_throughput", "maximize", [1085, 1080], [967, 960], True, 0.02,
+               incumbent_feasible=False)  # fmt: skip
+    assert d.accepted and "incumbent violates" in d.reason and d.gain < 0
+    d = decide("batching", "output_throughput", "maximize", [1085], [967], False, 0.02, False)
+    assert not d.accepted
+    d = decide("batching", "output_throughput", "maximize", [1085, 1080], [967, 960], True, 0.02)
+    assert not d.accepted  # both feasible: the gain rule
