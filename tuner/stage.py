@@ -37,6 +37,15 @@ class Incumbent:
 
 
 @dataclass
+class Repeats:
+    """One side of a confirmation: its selection-objective values and constraint sets, one per
+    measurement (the search or incumbent measurement first, then the re-measurements)."""
+
+    values: list[float]
+    constraints: list[dict[str, float]]
+
+
+@dataclass
 class StudyResult:
     baseline: Incumbent
     final: Incumbent
@@ -182,3 +191,27 @@ def tell_reused(
     for key, value in seen.constraints.items():
         trial.set_constraint(key, value)
     study.tell(trial, list(seen.values))
+
+
+def after_decision(
+    incumbent: Incumbent, decision: Decision, select_index: int, stage: str
+) -> Incumbent:
+    """The incumbent after a stage's decision: the candidate if accepted, else the incumbent
+    with what its re-measurements taught (the selection objective and the constraints at their
+    means over its repeats), so that later stages compare against the better estimate."""
+    if not decision.accepted:
+        if not decision.incumbent_constraints:
+            return incumbent
+        values = list(incumbent.values)
+        values[select_index] = decision.incumbent_mean
+        constraints = dict(decision.incumbent_constraints)
+        return Incumbent(incumbent.params, values, constraints, incumbent.source)
+    # The winner's own objectives, with the selection objective at its confirmed mean.
+    values = list(decision.candidate_objectives or incumbent.values)
+    values[select_index] = decision.candidate_mean
+    return Incumbent(
+        dict(decision.candidate_params),
+        values,
+        dict(decision.candidate_constraints),
+        f"{stage} trial {decision.candidate_trial}",
+    )

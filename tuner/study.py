@@ -23,7 +23,7 @@ import optuna
 from optuna.trial import TrialState
 
 from tuner import search_space
-from tuner.acceptance import Decision, decide
+from tuner.acceptance import Decision, decide, mean_constraints, meets
 from tuner.config import TunerConfig
 from tuner.errors import StudyFailedError, TunerError
 from tuner.evaluation import Evaluated, Evaluator
@@ -38,8 +38,10 @@ from tuner.stage import (
     ROLE_BASELINE,
     ROLE_SEARCH,
     Incumbent,
+    Repeats,
     Stage,
     StudyResult,
+    after_decision,
     distinct_points,
     incumbent_of,
     jsonable,
@@ -327,7 +329,7 @@ class StudyRunner:
             )
 
     def _winner(self, study: optuna.Study) -> optuna.trial.FrozenTrial | None:
-        feasible = [t for t in search_trials(study) if _feasible(t) and _ok(t)]
+        feasible = [t for t in search_trials(study) if meets(t.constraints) and _ok(t)]
         if not feasible:
             return None
         idx, sign = self.evaluator.select_index, self.evaluator.select_sign
@@ -338,20 +340,21 @@ class StudyRunner:
         winner = self._winner(study)
         idx, sign = self.evaluator.select_index, self.evaluator.select_sign
         obj, direction = self.evaluator.select_by, self.evaluator.directions[idx]
-        inc_ok = all(v <= 0 for v in incumbent.constraints.values())
+        inc_ok = meets(incumbent.constraints)
         if winner is None or (inc_ok and sign * winner.values[idx] <= sign * incumbent.values[idx]):
             d = decide(stage.name, obj, direction, [], [], False, self.config.study.min_gain)
             d.reason = "no feasible trial beat the incumbent"
             return d
         cand_params = {**incumbent.params, **winner.params}
-        inc_vals, cand_vals, feasible = self._repeats(stage, incumbent, cand_params, winner)
-        min_gain = self.config.study.min_gain
+        inc, cand = self._repeats(stage, incumbent, cand_params, winner)
+        inc_c, cand_c = mean_constraints(inc.constraints), mean_constraints(cand.constraints)
         decision = decide(
-            stage.name, obj, direction, inc_vals, cand_vals, feasible, min_gain, inc_ok
-        )
+            stage.name, obj, direction, inc.values, cand.values, meets(cand_c),
+            self.config.study.min_gain, meets(inc_c),
+        )  # fmt: skip
         decision.candidate_trial, decision.candidate_params = winner.number, cand_params
         decision.candidate_objectives = list(winner.values)
-        decision.candidate_constraints = dict(winner.constraints)
+        decision.candidate_constraints, decision.incumbent_constraints = cand_c, inc_c
         return decision
 
     def _repeats(
@@ -360,21 +363,22 @@ class StudyRunner:
         incumbent: Incumbent,
         cand_params: dict[str, Any],
         winner: optuna.trial.FrozenTrial,
-    ) -> tuple[list[float], list[float], bool]:
+    ) -> tuple[Repeats, Repeats]:
+        """The incumbent's and the candidate's measurements: the one each already has, then
+        ``study.repeats`` more of each, interleaved."""
         idx = self.evaluator.select_index
         confirm = self._open(f"{self.config.name}:confirm")
-        inc_vals, cand_vals = [incumbent.values[idx]], [winner.values[idx]]
-        feasible = True
+        inc = Repeats([incumbent.values[idx]], [dict(incumbent.constraints)])
+        cand = Repeats([winner.values[idx]], [dict(winner.constraints)])
         for rnd in range(self.config.study.repeats):
             for role, params, out in (
-                ("incumbent", incumbent.params, inc_vals),
-                ("candidate", cand_params, cand_vals),
+                ("incumbent", incumbent.params, inc),
+                ("candidate", cand_params, cand),
             ):
                 result = self._confirm_run(confirm, stage.name, rnd, role, params)
-                out.append(result.values[idx])
-                if role == "candidate":
-                    feasible = feasible and result.feasible
-        return inc_vals, cand_vals, feasible
+                out.values.append(result.values[idx])
+                out.constraints.append(dict(result.constraints))
+        return inc, cand
 
     def _confirm_run(
         self, confirm: optuna.Study, stage: str, rnd: int, role: str, params: dict[str, Any]
@@ -391,17 +395,7 @@ class StudyRunner:
         return result
 
     def _apply(self, decision: Decision, incumbent: Incumbent, stage: Stage) -> Incumbent:
-        if not decision.accepted:
-            return incumbent
-        # The winner's own objectives, with the selection objective at its confirmed mean.
-        values = list(decision.candidate_objectives or incumbent.values)
-        values[self.evaluator.select_index] = decision.candidate_mean
-        return Incumbent(
-            dict(decision.candidate_params),
-            values,
-            dict(decision.candidate_constraints),
-            f"{stage.name} trial {decision.candidate_trial}",
-        )
+        return after_decision(incumbent, decision, self.evaluator.select_index, stage.name)
 
     def _pareto(self, stage: Stage) -> list[dict[str, Any]]:
         study = optuna.load_study(
@@ -420,7 +414,3 @@ class StudyRunner:
 
 def _ok(trial: optuna.trial.FrozenTrial) -> bool:
     return trial.user_attrs.get("status") == "ok"
-
-
-def _feasible(trial: optuna.trial.FrozenTrial) -> bool:
-    return all(v <= 0 for v in trial.constraints.values())

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from tuner.acceptance import Decision, decide
+from tuner.acceptance import Decision, decide, mean_constraints, meets
+from tuner.objective import NO_DATA_VIOLATION
 
 
 def test_clear_gain_is_accepted() -> None:
@@ -46,8 +47,8 @@ def test_round_trip_and_line() -> None:
 
 
 def test_an_infeasible_incumbent_gives_way_to_a_feasible_candidate() -> None:
-    # A baseline over the SLO with more throughput: the slower candidate that meets the SLO in
-    # every repeat wins (feasibility first); an infeasible candidate still never does.
+    # A baseline over the SLO with more throughput: the slower candidate that meets the SLO on the
+    # mean of its repeats wins (feasibility first); an infeasible candidate still never does.
     d = decide("batching", "output_throughput", "maximize", [1085, 1080], [967, 960], True, 0.02,
                incumbent_feasible=False)  # fmt: skip
     assert d.accepted and "incumbent violates" in d.reason and d.gain < 0
@@ -55,3 +56,12 @@ def test_an_infeasible_incumbent_gives_way_to_a_feasible_candidate() -> None:
     assert not d.accepted
     d = decide("batching", "output_throughput", "maximize", [1085, 1080], [967, 960], True, 0.02)
     assert not d.accepted  # both feasible: the gain rule
+
+
+def test_constraints_are_met_on_the_mean_and_a_failure_is_never_averaged_away() -> None:
+    straddling = [{"p99": -0.1, "err": -1.0}, {"p99": 0.05, "err": -1.0}, {"p99": -0.05}]
+    mean = mean_constraints(straddling)
+    assert mean == pytest.approx({"p99": -0.1 / 3, "err": -1.0})
+    assert meets(mean) and not meets(straddling[1])
+    failed = [{"p99": -0.5}, {"p99": NO_DATA_VIOLATION}, {"p99": -0.5}, {"p99": -0.5}]
+    assert not meets(mean_constraints(failed))

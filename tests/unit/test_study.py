@@ -15,7 +15,8 @@ import optuna
 import pytest
 
 from tests.fakes.grid_table import DEFAULTS, GROUPS, PARAMS, load_replay, write_table
-from tuner.config import ServerConfig
+from tuner.acceptance import meets
+from tuner.config import ParamSpec, ServerConfig
 from tuner.errors import ConfigError
 from tuner.evaluation import Evaluator
 from tuner.search_space import resolve
@@ -156,3 +157,73 @@ def test_refine_reuses_configurations_measured_in_earlier_stages(
     # and the stage ends with every point measured, short of 9 launches.
     assert elsewhere and len(refine_keys) < 9
     assert "stage refine: all 9 points of its space are measured" in run.said
+
+
+class Scripted:
+    """A study over max_num_seqs {16, 64} whose trials return scripted (tok/s, P99 s) values in
+    launch order per configuration (None: the server failed); SLO P99 2.6 s, 2 repeats."""
+
+    def __init__(self, replay: ModuleType, folder: Path, script: dict[Any, list[Any]]) -> None:
+        self.replay, self.script = replay, {k: list(v) for k, v in script.items()}
+        strategy = replay.StudyStrategy("t", "staged", "random", 2, repeats=2)
+        space = {"first": {"max_num_seqs": ParamSpec(type="categorical", choices=[16, 64])}}
+        self.config = replay.study_config(replay.base_config(), strategy, space, 2.6, 0, folder)
+        self.config.server.args.pop("max_num_seqs", None)  # the baseline leaves it to vLLM
+        runner = StudyRunner(
+            self.config, Evaluator(self.config), {"t": 1}, lambda _: None, trial_fn=self.trial
+        )
+        self.result = runner.run()
+
+    def trial(
+        self, config: Any, launch: Any, paths: Any, trial_id: str, progress: Any = None
+    ) -> Any:
+        value = self.script[launch.args.get("max_num_seqs")].pop(0)
+        ok = value is not None
+        tok, p99 = value if ok else (0.0, None)
+        measured = self.replay.Measured(
+            ok, "" if ok else "startup_crash", p99 and p99 / 2, p99, 0.1, 0.2, 0.01, 0.02,
+            tok, tok / 64, 0.0, 100, 0,
+        )  # fmt: skip
+        return self.replay.outcome_of(measured, launch, trial_id)
+
+
+def test_feasibility_is_judged_on_the_mean_of_the_repeats(
+    replay: ModuleType, tmp_path: Path
+) -> None:
+    """A candidate whose P99 straddles the SLO across windows but meets it on average replaces
+    a baseline that violates it (one window at 2.8 s no longer disqualifies it)."""
+    run = Scripted(replay, tmp_path, {
+        None: [(1000, 3.0)] * 3,
+        16: [(800, 2.9)],
+        64: [(900, 2.3), (900, 2.8), (900, 2.5)],
+    })  # fmt: skip
+    (decision,) = run.result.decisions
+    assert decision.accepted, decision.line()
+    assert decision.candidate_params == {"max_num_seqs": 64}
+    assert meets(decision.candidate_constraints) and not meets(decision.incumbent_constraints)
+    assert run.result.final.params == {"max_num_seqs": 64}
+
+
+def test_a_failed_repeat_disqualifies_the_candidate(replay: ModuleType, tmp_path: Path) -> None:
+    run = Scripted(replay, tmp_path, {
+        None: [(1000, 3.0)] * 3,
+        16: [(800, 2.9)],
+        64: [(900, 2.0), None, (900, 2.0)],
+    })  # fmt: skip
+    (decision,) = run.result.decisions
+    assert not decision.accepted and "repeat failed" in decision.reason
+    assert run.result.final.params == {}
+
+
+def test_the_incumbent_learns_from_its_repeats(replay: ModuleType, tmp_path: Path) -> None:
+    """A baseline that missed the SLO in its one window but meets it on the mean of three is
+    feasible: a slower candidate must then beat it on throughput, and the incumbent handed on
+    carries the mean."""
+    run = Scripted(replay, tmp_path, {
+        None: [(1000, 2.7), (1010, 2.4), (990, 2.4)],
+        16: [(800, 2.9)],
+        64: [(900, 2.0)] * 3,
+    })  # fmt: skip
+    (decision,) = run.result.decisions
+    assert not decision.accepted and "noise" in decision.reason
+    assert meets(run.result.final.constraints) and not meets(run.result.baseline.constraints)
