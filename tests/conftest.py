@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import psutil
@@ -18,6 +18,12 @@ signal.signal(signal.SIGINT, signal.default_int_handler)
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY_MODEL = ROOT / "models" / "tiny-llama"
+
+
+def overrides(base: Sequence[str], *extra: str) -> list[str]:
+    """Hydra overrides ``base`` with ``extra`` added; an extra key replaces the base entry."""
+    keys = {e.split("=", 1)[0].lstrip("+") for e in extra}
+    return [b for b in base if b.split("=", 1)[0] not in keys] + list(extra)
 
 
 def leftover_processes(scope: str | None = None) -> list[str]:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import leftover_processes
+from tests.conftest import leftover_processes, overrides
 from tests.e2e.conftest import SMALL, SmallStudy, load_studies, start_tuner
 
 pytestmark = pytest.mark.e2e
@@ -39,7 +39,10 @@ def test_study_on_postgresql_completes_with_stored_decision(small_study: SmallSt
 def test_sigint_mid_trial_then_resume_completes_the_budget(
     tmp_path: Path, tiny_model: Path
 ) -> None:
-    args = ["run", "name=resume", f"studies_dir={tmp_path}", *SMALL]
+    # One search trial and no confirmation: three launches in all (baseline, the interrupted
+    # trial, its re-run); the decision path is the small_study fixture's.
+    args = ["run", "name=resume", f"studies_dir={tmp_path}"]
+    args += overrides(SMALL, "study.trials_per_stage=1", "study.repeats=0")
     first = start_tuner(args)
     assert first.stdout is not None
     seen = []
@@ -70,7 +73,7 @@ def test_sigint_mid_trial_then_resume_completes_the_budget(
         for t in stage.trials
         if t.user_attrs.get("role") == "search" and t.state.name == "COMPLETE"
     ]
-    assert len(search) == 2  # exactly the budget, the interrupted slot re-asked
+    assert len(search) == 1  # exactly the budget, the interrupted slot re-asked
     baselines = [s for n, s in studies.items() if n.startswith("baseline:")]
     assert len(baselines) == 1 and len(baselines[0].trials) == 1
     assert not leftover_processes(str(tmp_path))

@@ -185,12 +185,6 @@ def wait_for(predicate: Any, timeout_s: float, what: str, interval_s: float = 0.
 
 
 # ---------------------------------------------------------------------------- configs
-def overrides(base: Sequence[str], *extra: str) -> list[str]:
-    """``base`` with ``extra`` added; an extra key replaces the base entry for the same key."""
-    keys = {e.split("=", 1)[0].lstrip("+") for e in extra}
-    return [b for b in base if b.split("=", 1)[0] not in keys] + list(extra)
-
-
 def fault_launcher(tmp_path: Path, steps: Sequence[str], default: str = "fake") -> list[str]:
     """Overrides that run :mod:`tests.faults.launcher` with a plan of per-launch steps."""
     plan = tmp_path / "plan.txt"

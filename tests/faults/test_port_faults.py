@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.faults.conftest import FAST, ProcessWatch, overrides, wait_for
+from tests.conftest import overrides
+from tests.faults.conftest import FAST, ProcessWatch, wait_for
 from tuner.cli import compose, main
 from tuner.paths import StudyPaths
 from tuner.process import free_port, port_is_free

@@ -24,6 +24,7 @@ import psutil
 import pytest
 import sqlalchemy
 
+from tests.conftest import overrides
 from tests.e2e.conftest import PG_URL, SMALL
 from tests.faults.conftest import (
     FAST,
@@ -31,7 +32,6 @@ from tests.faults.conftest import (
     TunerRun,
     completed_ok,
     fault_launcher,
-    overrides,
     search_trials,
     sqlite_url,
     stored_trials,
@@ -353,6 +353,8 @@ def _resume(args: list[str], tmp_path: Path, name: str, watch: ProcessWatch) -> 
     assert killed, "the vLLM server of trial 3 was not found to be killed"
     fp8, died = _read_result(trial3.parent / "batching-2"), _read_result(trial3)
     assert fp8["timings"]["startup"] < 150, fp8["timings"]  # the start-up timeout is 240 s
+    assert "static_scaled_fp8_quant" in fp8["message"], fp8["message"]  # vLLM's own words
+    assert "Engine core initialization failed" in fp8["log_tail"]
     noticed = run.arrival("trial batching-3 FAILED") - killed[0]
     assert noticed < 30, noticed  # the watchdog stops the load at once, not at its deadline
     seen.outcome["fp8_startup"] = (

@@ -18,12 +18,12 @@ from pathlib import Path
 import psutil
 import pytest
 
+from tests.conftest import overrides
 from tests.faults.conftest import (
     FAST,
     ProcessWatch,
     completed_ok,
     fault_launcher,
-    overrides,
     run_study,
     search_trials,
     sqlite_url,
