@@ -81,6 +81,11 @@ def meets(constraints: Mapping[str, float]) -> bool:
     return all(v <= 0 for v in constraints.values())
 
 
+def violation(constraints: Mapping[str, float]) -> float:
+    """How far a measurement misses its constraints: the sum of the violated ones (0 if met)."""
+    return float(sum(max(v, 0.0) for v in constraints.values()))
+
+
 def _sem2(values: np.ndarray) -> float:
     """Variance of the mean; 0 for a single value (its noise is unknown, min_gain still holds)."""
     if len(values) < 2:

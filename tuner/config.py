@@ -187,6 +187,10 @@ class StudyConfig:
     # is fully measured ends early; false re-measures repeats (more samples of a noisy point).
     reuse: bool = True
     repeats: int = 2  # interleaved re-measurements of winner and incumbent per stage
+    # The control is measured this many times (once per fingerprint, stored, reused): its mean
+    # is what every stage compares against. One lucky window of the baseline would otherwise
+    # hide every candidate that does not beat the luck (benchmarks/README.md §2).
+    baseline_measurements: int = 3
     min_gain: float = 0.02  # relative gain of the selection objective needed to accept
     storage: str | None = None  # SQLAlchemy URL; None = SQLite in studies/<name>/optuna.db
     max_failure_rate: float = 0.6
@@ -198,6 +202,10 @@ class StudyConfig:
             raise ConfigError(f"study.strategy must be 'staged' or 'joint', got {self.strategy!r}")
         if self.trials_per_stage < 1 or self.repeats < 0 or self.min_gain < 0:
             raise ConfigError("study: need trials_per_stage >= 1, repeats >= 0, min_gain >= 0")
+        if self.baseline_measurements < 1:
+            raise ConfigError(
+                f"study.baseline_measurements must be >= 1, got {self.baseline_measurements}"
+            )
         if self.refine_trials < 0:
             raise ConfigError(f"study.refine_trials must be >= 0, got {self.refine_trials}")
         if "refine" in self.stages:

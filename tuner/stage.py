@@ -7,15 +7,16 @@ incumbent that enters a stage, and what a finished study returns.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import optuna
 from optuna.trial import TrialState
 
 from tuner import search_space
-from tuner.acceptance import Decision
+from tuner.acceptance import Decision, mean_constraints
 from tuner.config import ParamSpec, ServerConfig, TunerConfig
 
 
@@ -31,9 +32,10 @@ class Incumbent:
     """The best configuration so far: explicit params on top of the fixed args."""
 
     params: dict[str, Any]
-    values: list[float]
-    constraints: dict[str, float]
+    values: list[float]  # every objective; the selection objective at its mean over samples
+    constraints: dict[str, float]  # each at its mean over the measurements
     source: str
+    samples: list[float] = field(default_factory=list)  # its selection-objective measurements
 
 
 @dataclass
@@ -76,8 +78,21 @@ def plan_stages(config: TunerConfig) -> list[Stage]:
     return stages
 
 
-def incumbent_of(trial: optuna.trial.FrozenTrial, source: str) -> Incumbent:
-    return Incumbent({}, list(trial.values), dict(trial.constraints), source)
+def measured_ok(trial: optuna.trial.FrozenTrial) -> bool:
+    """The trial's server ran and its load was measured (not a failed start or load)."""
+    return trial.user_attrs.get("status") == "ok"
+
+
+def ok_trials(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
+    return [t for t in study.get_trials(states=(TrialState.COMPLETE,)) if measured_ok(t)]
+
+
+def baseline_incumbent(trials: Sequence[optuna.trial.FrozenTrial], select_index: int) -> Incumbent:
+    """The control as the first incumbent: the means of the baseline's measurements."""
+    values = [float(v) for v in np.mean([t.values for t in trials], axis=0)]
+    constraints = mean_constraints([t.constraints for t in trials])
+    samples = [t.values[select_index] for t in trials]
+    return Incumbent({}, values, constraints, "baseline", samples)
 
 
 def spec_text(spec: ParamSpec) -> str:
@@ -205,7 +220,8 @@ def after_decision(
         values = list(incumbent.values)
         values[select_index] = decision.incumbent_mean
         constraints = dict(decision.incumbent_constraints)
-        return Incumbent(incumbent.params, values, constraints, incumbent.source)
+        samples = list(decision.incumbent_values)
+        return Incumbent(incumbent.params, values, constraints, incumbent.source, samples)
     # The winner's own objectives, with the selection objective at its confirmed mean.
     values = list(decision.candidate_objectives or incumbent.values)
     values[select_index] = decision.candidate_mean
@@ -214,4 +230,33 @@ def after_decision(
         values,
         dict(decision.candidate_constraints),
         f"{stage} trial {decision.candidate_trial}",
+        list(decision.candidate_values),
     )
+
+
+def pareto_front(study: optuna.Study) -> list[dict[str, Any]]:
+    """The stage's Pareto-optimal trials, as the run's result lists them."""
+    return [
+        {
+            "trial": t.number,
+            "role": t.user_attrs.get("role"),
+            "values": t.values,
+            "params": t.params,
+        }
+        for t in study.best_trials
+    ]
+
+
+def exhausted(study: optuna.Study, stage: Stage, max_proposals_per_trial: int) -> str:
+    """Why a stage that reuses measured points should stop short of its budget, or "".
+
+    Every point of a finite space is measured, or the sampler only re-proposes measured points:
+    reused proposals cost no launch, so the budget counts launches; this caps the proposals at
+    ``max_proposals_per_trial`` per trial of the budget.
+    """
+    size = search_space.finite_size(stage.specs)
+    if size is not None and distinct_points(study) >= size:
+        return f"all {size} points of its space are measured"
+    if len(search_trials(study)) >= max_proposals_per_trial * stage.trials:
+        return "the sampler keeps proposing measured points; done"
+    return ""

@@ -23,7 +23,7 @@ import optuna
 from optuna.trial import TrialState
 
 from tuner import search_space
-from tuner.acceptance import Decision, decide, mean_constraints, meets
+from tuner.acceptance import Decision, decide, mean_constraints, meets, violation
 from tuner.config import TunerConfig
 from tuner.errors import StudyFailedError, TunerError
 from tuner.evaluation import Evaluated, Evaluator
@@ -42,12 +42,15 @@ from tuner.stage import (
     Stage,
     StudyResult,
     after_decision,
-    distinct_points,
-    incumbent_of,
+    baseline_incumbent,
+    exhausted,
     jsonable,
     launched_trials,
     measured_config,
+    measured_ok,
     measured_point,
+    ok_trials,
+    pareto_front,
     plan_stages,
     search_trials,
     seed_incumbent,
@@ -109,7 +112,9 @@ class StudyRunner:
 
     def plan_text(self, baseline_argv: list[str]) -> str:
         cfg = self.config.study
-        launches = 1 + sum(st.trials + 2 * cfg.repeats for st in self.stages)
+        launches = cfg.baseline_measurements + sum(
+            st.trials + 2 * cfg.repeats for st in self.stages
+        )
         lines = [
             f"study {self.config.name}: strategy {cfg.strategy}, storage {self._storage_shown()}",
             f"objectives: {', '.join(self.evaluator.names)} (select by {self.evaluator.select_by})",
@@ -137,7 +142,11 @@ class StudyRunner:
             incumbent, decision = self._run_stage(stage, incumbent)
             decisions.append(decision)
             self.say(decision.line())
-        pareto = {st.name: self._pareto(st) for st in self.stages}
+        pareto = {
+            st.name: pareto_front(optuna.load_study(study_name=f"{self.config.name}:{st.name}",
+                                                    storage=self.storage))
+            for st in self.stages
+        }  # fmt: skip
         return StudyResult(baseline, incumbent, decisions, pareto)
 
     def _open(self, name: str, stage: Stage | None = None) -> optuna.Study:
@@ -160,19 +169,26 @@ class StudyRunner:
 
     # -- baseline ----------------------------------------------------------------------
     def _baseline(self) -> Incumbent:
+        """The control, measured ``study.baseline_measurements`` times per fingerprint."""
         key = digest(self.fingerprint)
         study = self._open(f"baseline:{key}")
         study.set_user_attr("fingerprint", json.loads(json.dumps(self.fingerprint, default=str)))
-        done = [t for t in study.get_trials(states=(TrialState.COMPLETE,)) if _ok(t)]
-        if done and not self.rebaseline:
-            self.say(f"baseline {key}: reusing trial {done[-1].number} (same fingerprint)")
+        want = self.config.study.baseline_measurements
+        done = [] if self.rebaseline else ok_trials(study)[-want:]
+        if done:
+            numbers = ", ".join(str(t.number) for t in done)
+            self.say(f"baseline {key}: reusing trial {numbers} (same fingerprint)")
             ref = done[-1].user_attrs.get("quality_outputs")
             self.baseline_quality = Path(ref) if ref else None
-            self.baseline_ref = (study.study_name, done[-1].number)
-            return incumbent_of(done[-1], "baseline")
-        self.say(f"baseline {key}: measuring vLLM with the fixed args only")
+        while len(done) < want:
+            self.say(f"baseline {key}: measuring vLLM with the fixed args only "
+                     f"({len(done) + 1}/{want})")  # fmt: skip
+            done.append(self._measure_baseline(study))
+        self.baseline_ref = (study.study_name, done[-1].number)
+        return baseline_incumbent(done, self.evaluator.select_index)
+
+    def _measure_baseline(self, study: optuna.Study) -> optuna.trial.FrozenTrial:
         trial = study.ask()
-        self.baseline_ref = (study.study_name, trial.number)
         result = self._measure(trial, "baseline", {}, ROLE_BASELINE)
         self._tell(study, trial, result)
         if not result.outcome.ok:
@@ -180,7 +196,7 @@ class StudyRunner:
                 f"the baseline failed ({result.outcome.reason}): {result.outcome.message}",
                 hint=f"fix the fixed server args; see {result.outcome.folder}",
             )
-        return Incumbent({}, result.values, result.constraints, "baseline")
+        return study.get_trials(deepcopy=False)[trial.number]
 
     # -- one trial -----------------------------------------------------------------------
     def _measure(
@@ -278,19 +294,10 @@ class StudyRunner:
         return self._apply(decision, incumbent, stage), decision
 
     def _stage_exhausted(self, study: optuna.Study, stage: Stage) -> bool:
-        """Every point of a finite space measured, or the sampler only re-proposes measured
-        points (reused proposals cost no launch, so the budget counts launches; this caps the
-        proposals at MAX_PROPOSALS_PER_TRIAL per trial of the budget)."""
-        if not self.config.study.reuse:
-            return False
-        size = search_space.finite_size(stage.specs)
-        if size is not None and distinct_points(study) >= size:
-            self.say(f"stage {stage.name}: all {size} points of its space are measured")
-            return True
-        if len(search_trials(study)) >= MAX_PROPOSALS_PER_TRIAL * stage.trials:
-            self.say(f"stage {stage.name}: the sampler keeps proposing measured points; done")
-            return True
-        return False
+        why = exhausted(study, stage, MAX_PROPOSALS_PER_TRIAL) if self.config.study.reuse else ""
+        if why:
+            self.say(f"stage {stage.name}: {why}")
+        return bool(why)
 
     def _measured(
         self, study: optuna.Study, point: dict[str, Any], params: dict[str, Any]
@@ -328,16 +335,25 @@ class StudyRunner:
                 f"{self.evaluator.select_by} {best.values[idx]:.4g} {best.params}"
             )
 
-    def _winner(self, study: optuna.Study) -> optuna.trial.FrozenTrial | None:
-        feasible = [t for t in search_trials(study) if meets(t.constraints) and _ok(t)]
-        if not feasible:
+    def _winner(
+        self, study: optuna.Study, incumbent: Incumbent | None = None
+    ) -> optuna.trial.FrozenTrial | None:
+        """The stage's best feasible trial; with an ``incumbent`` that violates a constraint and
+        no feasible trial, the nearest miss (a single window's P99 cannot rule it out: it goes
+        to the confirmation, and is accepted only if it meets every constraint on the mean)."""
+        measured = [t for t in search_trials(study) if measured_ok(t)]
+        feasible = [t for t in measured if meets(t.constraints)]
+        if feasible:
+            idx, sign = self.evaluator.select_index, self.evaluator.select_sign
+            return max(feasible, key=lambda t: sign * t.values[idx])
+        if incumbent is None or meets(incumbent.constraints) or not measured:
             return None
-        idx, sign = self.evaluator.select_index, self.evaluator.select_sign
-        return max(feasible, key=lambda t: sign * t.values[idx])
+        near = min(measured, key=lambda t: violation(t.constraints))
+        return near if violation(near.constraints) < violation(incumbent.constraints) else None
 
     def _confirm(self, study: optuna.Study, stage: Stage, incumbent: Incumbent) -> Decision:
         """Re-measure winner and incumbent interleaved; accept only beyond the noise."""
-        winner = self._winner(study)
+        winner = self._winner(study, incumbent)
         idx, sign = self.evaluator.select_index, self.evaluator.select_sign
         obj, direction = self.evaluator.select_by, self.evaluator.directions[idx]
         inc_ok = meets(incumbent.constraints)
@@ -368,7 +384,10 @@ class StudyRunner:
         ``study.repeats`` more of each, interleaved."""
         idx = self.evaluator.select_index
         confirm = self._open(f"{self.config.name}:confirm")
-        inc = Repeats([incumbent.values[idx]], [dict(incumbent.constraints)])
+        # Its earlier measurements count as many times as they are (their constraints are only
+        # kept as means: repeated so that the new mean weighs every measurement alike).
+        samples = incumbent.samples or [incumbent.values[idx]]
+        inc = Repeats(list(samples), [dict(incumbent.constraints)] * len(samples))
         cand = Repeats([winner.values[idx]], [dict(winner.constraints)])
         for rnd in range(self.config.study.repeats):
             for role, params, out in (
@@ -396,21 +415,3 @@ class StudyRunner:
 
     def _apply(self, decision: Decision, incumbent: Incumbent, stage: Stage) -> Incumbent:
         return after_decision(incumbent, decision, self.evaluator.select_index, stage.name)
-
-    def _pareto(self, stage: Stage) -> list[dict[str, Any]]:
-        study = optuna.load_study(
-            study_name=f"{self.config.name}:{stage.name}", storage=self.storage
-        )
-        return [
-            {
-                "trial": t.number,
-                "role": t.user_attrs.get("role"),
-                "values": t.values,
-                "params": t.params,
-            }
-            for t in study.best_trials
-        ]
-
-
-def _ok(trial: optuna.trial.FrozenTrial) -> bool:
-    return trial.user_attrs.get("status") == "ok"

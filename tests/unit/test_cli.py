@@ -125,5 +125,5 @@ def test_run_dry_run_prints_every_stage_and_the_refinement(
     refine = next(line for line in out.splitlines() if line.startswith("stage refine"))
     assert refine.startswith("stage refine: 6 trials over") and "max_num_seqs" in refine
     assert "tensor_parallel_size" in refine  # the union of every group
-    # baseline + 6 stages x (6 trials + 2 x 2 confirmations)
-    assert "budget: at most 61 server launches" in out
+    # 3 baseline measurements + 6 stages x (6 trials + 2 x 2 confirmations)
+    assert "budget: at most 63 server launches" in out
