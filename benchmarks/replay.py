@@ -182,6 +182,7 @@ class StudyStrategy:
     n_startup_trials: int = 2
     options: Mapping[str, Any] = field(default_factory=dict)
     refine_trials: int = 0  # staged only: study.refine_trials (a last joint stage)
+    baseline_measurements: int = 3  # study.baseline_measurements (the schema's default)
 
 
 def study_config(
@@ -196,6 +197,7 @@ def study_config(
         s.trials_per_stage, s.repeats, seed,
     )  # fmt: skip
     config.study.refine_trials = s.refine_trials
+    config.study.baseline_measurements = s.baseline_measurements
     config.study.storage = f"sqlite:///{folder}/replay.db"
     config.study.max_consecutive_failures = 10_000  # report the path, do not stop on failures
     config.study.max_failure_rate = 1.0
@@ -225,6 +227,7 @@ def run_study(
         trace.independent_samples = fallbacks.count
         decisions = stored_decisions(config, runner)
     trace.selected = incumbent_timeline(trace.launches, decisions, land)
+    trace.decisions = [d.line() for d in decisions]
     return trace
 
 
@@ -329,6 +332,19 @@ def replay(
     }
 
 
+def explain(
+    land: Landscape, base: TunerConfig, strategies: Sequence[StudyStrategy], seeds: int,
+    slo: float | None,
+) -> int:  # fmt: skip
+    """Why each run handed over what it did: the diagnosis behind benchmarks/README.md §2 b."""
+    ref = reference(land, slo if slo is not None else median_slo(land))
+    space = categorical_space(land, GROUPS)
+    for seed in range(seeds):
+        for s in strategies:
+            print(run_study(land, base, s, space, ref.slo_p99_e2e_s, seed).explain())
+    return 0
+
+
 def base_config() -> TunerConfig:
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     import warnings
@@ -367,6 +383,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--refine-trials", type=int, default=4, help="study.refine_trials; 0: none")
     p.add_argument("--only", nargs="+", default=None, help="run only these StudyRunner strategies")
+    p.add_argument(
+        "--explain",
+        action="store_true",
+        help="print each run's launches, observations and stage decisions; write nothing",
+    )
     return p.parse_args(argv)
 
 
@@ -385,6 +406,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     strategies = default_strategies(args.joint_trials, args.staged_trials, args.refine_trials)
     if args.only:
         strategies = [s for s in strategies if s.name in args.only]
+    if args.explain:
+        return explain(land, base, strategies, args.seeds, args.slo)
     t0 = time.monotonic()
     result = replay(land, base, GROUPS, args.seeds, strategies, args.slo, say=print)
     result["reference"]["throughput_column"] = args.throughput

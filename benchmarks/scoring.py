@@ -44,6 +44,17 @@ class RunTrace:
     selected: list[Key | None] = field(default_factory=list)
     stopped: str = ""  # why a StudyRunner run ended early (TunerError), if it did
     independent_samples: int = 0  # params a relative sampler drew independently (fell back)
+    decisions: list[str] = field(default_factory=list)  # each stage's decision, one line each
+
+    def explain(self) -> str:
+        """What the run launched, what it observed, and what it decided (replay.py --explain)."""
+        lines = [f"{self.strategy} seed {self.seed}:"]
+        for launch in self.launches:
+            o = launch.observed
+            p99 = f"{o.p99_e2e_s:.2f} s" if o.p99_e2e_s is not None else "failed"
+            tok_s = f"{o.output_tok_s:.0f} tok/s"
+            lines.append(f"  {launch.label:<18} {launch.key}  P99 {p99}, {tok_s}")
+        return "\n".join(lines + [f"  {d}" for d in self.decisions])
 
 
 def best_observed(launches: Sequence[Launch], land: Landscape, slo: float) -> list[Key | None]:
@@ -125,6 +136,8 @@ def aggregate(rows: Sequence[dict[str, Any]], grid_size: int) -> list[dict[str, 
             "median_trials_to_97_pct_of_grid": round(100 * med / grid_size, 1)
             if math.isfinite(med) else None,
             "median_trials_to_97_seen": med_seen if math.isfinite(med_seen) else None,
+            # handed over a truly feasible configuration at the end (whatever its score)
+            "final_feasible": f"{sum(1 for r in mine if r['final_score'] > 0)}/{len(mine)}",
             "median_final_score": round(statistics.median(r["final_score"] for r in mine), 4),
             "median_launches": statistics.median(r["launches"] for r in mine),
             "independent_samples": statistics.median(r["independent_samples"] for r in mine),

@@ -66,7 +66,25 @@ def test_replay_on_synthetic_table(replay: ModuleType, tmp_path: Path) -> None:
     summary = {s["strategy"]: s for s in result["summary"]}
     assert set(summary) == names
     assert summary["grid"]["reached_97"] == "3/3"
+    assert summary["grid"]["final_feasible"] == "3/3"
     assert not math.isnan(summary["staged_tpe"]["median_final_score"])
+
+
+def test_explain_prints_every_launch_and_each_stage_decision(
+    replay: ModuleType, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    land = replay.Landscape.from_csv(write_table(tmp_path / "grid.csv"), PARAMS, DEFAULTS)
+    strategy = replay.StudyStrategy("staged_tpe", "staged", "tpe", 2, repeats=1)
+    space = replay.categorical_space(land, GROUPS)
+    trace = replay.run_study(land, replay.base_config(), strategy, space, 2.6, 0)
+    text = trace.explain()
+    lines = text.splitlines()
+    assert lines[0] == "staged_tpe seed 0:"
+    assert sum(line.startswith("  baseline ") for line in lines) == 3  # baseline_measurements
+    assert len([line for line in lines if " P99 " in line]) == len(trace.launches)
+    assert [line.split(":")[0].strip() for line in lines if "stage " in line] == [
+        "stage first", "stage second",
+    ]  # fmt: skip
 
 
 def test_the_throughput_column_is_chosen_and_rows_without_it_left_out(
