@@ -15,6 +15,7 @@ from typing import Any
 import optuna
 
 from tuner import objective as obj
+from tuner.acceptance import meets
 from tuner.config import TunerConfig
 from tuner.quality import context_excess, quality_attrs
 from tuner.server import LaunchSpec
@@ -33,7 +34,7 @@ class Evaluated:
 
     @property
     def feasible(self) -> bool:
-        return all(v <= 0 for v in self.constraints.values())
+        return meets(self.constraints)
 
     def user_attrs(
         self, stage: str, role: str, params: dict[str, Any], launch: LaunchSpec

@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar, Literal, TypeVar
 
+from tuner.acceptance import meets
 from tuner.config import CostConfig, ObjectivesConfig, SloConfig
 from tuner.errors import ConfigError
 from tuner.measure import Measurements
@@ -260,7 +261,7 @@ class Evaluation:
 
     @property
     def feasible(self) -> bool:
-        return all(v <= 0 for v in self.violations.values())
+        return meets(self.violations)
 
     @property
     def complete(self) -> bool:

@@ -142,11 +142,11 @@ class StudyRunner:
             incumbent, decision = self._run_stage(stage, incumbent)
             decisions.append(decision)
             self.say(decision.line())
+        # _run_stage keeps each stage's study open, in stage order
         pareto = {
-            st.name: pareto_front(optuna.load_study(study_name=f"{self.config.name}:{st.name}",
-                                                    storage=self.storage))
-            for st in self.stages
-        }  # fmt: skip
+            st.name: pareto_front(study)
+            for st, study in zip(self.stages, self._done_stages, strict=True)
+        }
         return StudyResult(baseline, incumbent, decisions, pareto)
 
     def _open(self, name: str, stage: Stage | None = None) -> optuna.Study:

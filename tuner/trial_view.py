@@ -17,6 +17,8 @@ from typing import Any
 import numpy as np
 from optuna.trial import FrozenTrial, TrialState
 
+from tuner.acceptance import meets
+
 
 @dataclass(frozen=True)
 class TrialView:
@@ -44,7 +46,7 @@ class TrialView:
 
     @property
     def feasible(self) -> bool:
-        return self.ok and all(v <= 0 for v in self.trial.constraints.values())
+        return self.ok and meets(self.trial.constraints)
 
     @property
     def measured(self) -> bool:
