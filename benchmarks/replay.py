@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import copy
+import itertools
 import json
 import logging
 import sys
@@ -45,7 +46,6 @@ import optuna  # noqa: E402
 import tuner.study as study_module  # noqa: E402
 from benchmarks.landscape import (  # noqa: E402
     MAX_ERROR_RATE,
-    Key,
     Landscape,
     Measured,
     landscape_rows,
@@ -57,6 +57,7 @@ from benchmarks.scoring import (  # noqa: E402
     RunTrace,
     aggregate,
     best_observed,
+    incumbent_timeline,
     markdown,
     summarize_run,
 )
@@ -248,33 +249,19 @@ def stored_decisions(config: TunerConfig, runner: study_module.StudyRunner) -> l
     return out
 
 
-def incumbent_timeline(
-    launches: Sequence[Launch], decisions: Sequence[Decision], land: Landscape
-) -> list[Key | None]:
-    """After each launch, the incumbent the study would hand over (accepted decisions only)."""
-    ends = {}
-    for i, launch in enumerate(launches):
-        ends[launch.label.removesuffix("-confirm")] = i
-    changes = {ends[d.stage]: d for d in decisions if d.stage in ends}
-    current: dict[str, Any] = {}
-    out: list[Key | None] = []
-    for i, _ in enumerate(launches):
-        if i in changes and changes[i].accepted:
-            current = dict(changes[i].candidate_params)
-        out.append(land.key(current))
-    return out
-
-
 # ---- the benchmark -----------------------------------------------------------------------
 def default_strategies(
-    joint_trials: Sequence[int], staged_trials: Sequence[int], refine_trials: int
-) -> list[StudyStrategy]:
-    """Tuner's staged TPE at each stage budget (with and without the final joint refinement),
-    and every sampler over the joint space at each budget."""
-    out = [StudyStrategy(f"staged_tpe_{n}", "staged", "tpe", n) for n in staged_trials]
-    if refine_trials:
-        out += [StudyStrategy(f"staged_tpe_{n}_refine_{refine_trials}", "staged", "tpe", n,
-                              refine_trials=refine_trials) for n in staged_trials]  # fmt: skip
+    joint_trials: Sequence[int], staged_trials: Sequence[int], refine_trials: int,
+    staged_samplers: Sequence[str] = ("tpe",),
+) -> list[StudyStrategy]:  # fmt: skip
+    """Tuner's staged search with each sampler at each stage budget (with and without the final
+    joint refinement), and every sampler over the joint space at each budget."""
+    out = []
+    for sampler, n in itertools.product(staged_samplers, staged_trials):
+        out.append(StudyStrategy(f"staged_{sampler}_{n}", "staged", sampler, n))
+        if refine_trials:
+            out.append(StudyStrategy(f"staged_{sampler}_{n}_refine_{refine_trials}", "staged",
+                                     sampler, n, refine_trials=refine_trials))  # fmt: skip
     for n in joint_trials:
         out += [
             StudyStrategy(f"joint_tpe_{n}", "joint", "tpe", n),
@@ -381,12 +368,18 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         default=[4, 8],
         help="study.trials_per_stage of the staged runs (one strategy per value)",
     )
+    p.add_argument(
+        "--staged-samplers",
+        nargs="+",
+        default=["tpe"],
+        help="samplers of the staged runs (each at each --staged-trials value)",
+    )
     p.add_argument("--refine-trials", type=int, default=4, help="study.refine_trials; 0: none")
     p.add_argument("--only", nargs="+", default=None, help="run only these StudyRunner strategies")
     p.add_argument(
         "--explain",
         action="store_true",
-        help="print each run's launches, observations and stage decisions; write nothing",
+        help="print each run's launches, observations and decisions; write nothing",
     )
     return p.parse_args(argv)
 
@@ -403,7 +396,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     # fixed server args (conf/server/vllm_cpu.yaml sets enforce_eager: true).
     defaults = {p: base.server.args.get(p) for p in params}
     land = Landscape.from_csv(args.csv, params, defaults, args.throughput)
-    strategies = default_strategies(args.joint_trials, args.staged_trials, args.refine_trials)
+    strategies = default_strategies(
+        args.joint_trials, args.staged_trials, args.refine_trials, args.staged_samplers
+    )
     if args.only:
         strategies = [s for s in strategies if s.name in args.only]
     if args.explain:

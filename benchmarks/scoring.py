@@ -21,6 +21,7 @@ from benchmarks.landscape import (
     Reference,
     hypervolume,
 )
+from tuner.acceptance import Decision
 
 TARGET = 0.97
 HV_AT = (5, 10, 20)
@@ -154,3 +155,20 @@ def markdown(summary: Sequence[dict[str, Any]]) -> str:
     lines += ["| " + " | ".join("-" if r[c] is None else str(r[c]) for c in cols) + " |"
               for r in summary]  # fmt: skip
     return "\n".join(lines)
+
+
+def incumbent_timeline(
+    launches: Sequence[Launch], decisions: Sequence[Decision], land: Landscape
+) -> list[Key | None]:
+    """After each launch, the incumbent the study would hand over (accepted decisions only)."""
+    ends = {}
+    for i, launch in enumerate(launches):
+        ends[launch.label.removesuffix("-confirm")] = i
+    changes = {ends[d.stage]: d for d in decisions if d.stage in ends}
+    current: dict[str, Any] = {}
+    out: list[Key | None] = []
+    for i, _ in enumerate(launches):
+        if i in changes and changes[i].accepted:
+            current = dict(changes[i].candidate_params)
+        out.append(land.key(current))
+    return out

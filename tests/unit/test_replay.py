@@ -104,3 +104,21 @@ def test_the_throughput_column_is_chosen_and_rows_without_it_left_out(
     assert len(by_count.table[key]) == 2 and len(by_rate.table[key]) == 1
     (only,) = by_rate.table[key]
     assert only.output_tok_s == pytest.approx(2 * by_count.table[key][1].output_tok_s)
+
+
+def test_staged_strategies_are_built_for_each_sampler_budget_and_refinement(
+    replay: ModuleType,
+) -> None:
+    strategies = replay.default_strategies([10], [4, 8], 4, ["tpe", "gp"])
+    staged = {s.name: s for s in strategies if s.strategy == "staged"}
+    assert set(staged) == {
+        f"staged_{sampler}_{n}{suffix}"
+        for sampler in ("tpe", "gp") for n in (4, 8) for suffix in ("", "_refine_4")
+    }  # fmt: skip
+    assert staged["staged_gp_8_refine_4"].sampler == "gp"
+    assert staged["staged_gp_8_refine_4"].trials_per_stage == 8
+    assert staged["staged_gp_8_refine_4"].refine_trials == 4
+    assert staged["staged_tpe_4"].refine_trials == 0
+    joint = [s for s in strategies if s.strategy == "joint"]
+    assert {s.sampler for s in joint} == {"tpe", "gp", "nsga2", "random"}
+    assert not any(s.strategy == "staged" for s in replay.default_strategies([10], [4], 0, []))
