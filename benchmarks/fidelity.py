@@ -20,7 +20,14 @@ one Locust process sustains before its TTFT P99 moves by 5 ms. The fake runs in 
 records the delays it really achieved, so the client's own share of a TTFT shift (client P99 -
 server P99) is reported next to the raw shift.
 
+``--server-cpus 0 --client-cpus 1`` gives each side cores of its own (a CPU server otherwise
+computes on the cores its client uses): the server starts pinned, with vLLM's OpenMP threads
+bound to the same cores (VLLM_CPU_OMP_THREADS_BIND), and both clients run pinned to the others.
+The affinity each server thread really had is read back and reported.
+
     .venv/bin/python benchmarks/fidelity.py compare --rounds 4
+    .venv/bin/python benchmarks/fidelity.py --out benchmarks/results/pinned compare \
+        --rounds 4 --server-cpus 0 --client-cpus 1
     .venv/bin/python benchmarks/fidelity.py headroom
 """
 
@@ -173,36 +180,70 @@ def steady_inflight(spans: Sequence[tuple[float, float]]) -> float:
     return float(np.mean([np.count_nonzero((start <= t) & (t < end)) for t in ts]))
 
 
+def pin(cpus: Sequence[int] | None) -> None:
+    """Pin this process, and every child it starts from now on, to ``cpus`` (None: leave)."""
+    if cpus:
+        os.sched_setaffinity(0, cpus)
+
+
+def tree_affinity(pid: int | None) -> list[int]:
+    """The union of the CPU affinities of every thread of a process and its descendants."""
+    if pid is None:
+        return []
+    cpus: set[int] = set()
+    root = psutil.Process(pid)
+    for proc in [root, *root.children(recursive=True)]:
+        for thread in proc.threads():
+            cpus |= os.sched_getaffinity(thread.id)
+    return sorted(cpus)
+
+
 def compare(args: argparse.Namespace) -> dict[str, Any]:
     config = compose(args.overrides)
+    if args.server_cpus:  # vLLM-CPU binds its OpenMP threads itself: tell it where
+        config.server.env["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(map(str, args.server_cpus))
     wl = workload(args)
-    pairs: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="fidelity-") as tmp:
         out = Path(tmp)
         server = make_backend(config.server, LaunchSpec(), out / "server.log")
+        pin(args.server_cpus)
         with server:  # starts it; stops and reaps it on the way out, whatever happens
             info = server.wait_ready(time.monotonic() + config.server.startup_timeout_s)
+            pin(args.client_cpus)  # both clients are started from here on
+            server_cpus = tree_affinity(server.pid)
+            print(f"server threads on CPUs {server_cpus}, clients on "
+                  f"{sorted(os.sched_getaffinity(0))}", flush=True)  # fmt: skip
             target = Target(info.base_url, server.api_key, config.server.model,
                             config.server.model)  # fmt: skip
-            for rnd in range(args.rounds):
-                order = ("vllm", "ours") if rnd % 2 == 0 else ("ours", "vllm")
-                row: dict[str, Any] = {"round": rnd, "order": "/".join(order)}
-                for who in order:
-                    seed = 100 * rnd + (1 if who == "ours" else 2)
-                    t0 = time.monotonic()
-                    row[who] = (
-                        run_vllm_bench(args, target, out, seed) if who == "vllm"
-                        else run_ours(target, wl, out, seed)
-                    )  # fmt: skip
-                    print(f"round {rnd} {who}: {_fmt(row[who])} ({time.monotonic() - t0:.0f} s)",
-                          flush=True)  # fmt: skip
-                row["ratio"] = ratios(row["ours"], row["vllm"])
-                pairs.append(row)
+            pairs = ab_rounds(args, target, wl, out)
     return {
         "workload": {"input_len": args.input_len, "output_len": args.output_len,
                      "concurrency": args.concurrency, "num_prompts": args.num_prompts},
         "server_args": {**config.server.args}, "pairs": pairs, "median_ratio": median_ratios(pairs),
+        "server_thread_cpus": server_cpus, "client_cpus": args.client_cpus or "all",
     }  # fmt: skip
+
+
+def ab_rounds(
+    args: argparse.Namespace, target: Target, wl: WorkloadConfig, out: Path
+) -> list[dict[str, Any]]:
+    """Rounds of A B, B A, ...: a drift of the shared machine hits both clients alike."""
+    pairs: list[dict[str, Any]] = []
+    for rnd in range(args.rounds):
+        order = ("vllm", "ours") if rnd % 2 == 0 else ("ours", "vllm")
+        row: dict[str, Any] = {"round": rnd, "order": "/".join(order)}
+        for who in order:
+            seed = 100 * rnd + (1 if who == "ours" else 2)
+            t0 = time.monotonic()
+            row[who] = (
+                run_vllm_bench(args, target, out, seed) if who == "vllm"
+                else run_ours(target, wl, out, seed)
+            )  # fmt: skip
+            print(f"round {rnd} {who}: {_fmt(row[who])} ({time.monotonic() - t0:.0f} s)",
+                  flush=True)  # fmt: skip
+        row["ratio"] = ratios(row["ours"], row["vllm"])
+        pairs.append(row)
+    return pairs
 
 
 def ratios(ours: dict[str, float], vllm: dict[str, float]) -> dict[str, float]:
@@ -323,6 +364,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     c.add_argument("--concurrency", type=int, default=16)
     c.add_argument("--input-len", type=int, default=256)
     c.add_argument("--output-len", type=int, default=64)
+    c.add_argument("--server-cpus", type=int, nargs="+", help="pin the server to these CPUs")
+    c.add_argument("--client-cpus", type=int, nargs="+", help="pin both clients to these CPUs")
     c.add_argument("overrides", nargs="*", help="Hydra overrides for the server")
     h = sub.add_parser("headroom", help="events/s one Locust process sustains (fake server)")
     h.add_argument("--users", type=int, nargs="+", default=[4, 16, 32, 64, 128])
