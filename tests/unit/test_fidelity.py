@@ -2,14 +2,21 @@
 
 from __future__ import annotations
 
+import argparse
+import json
+import math
 import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import psutil
+import pytest
 
 from benchmarks import fidelity
+from tuner.loadgen import Target
+from tuner.telemetry.metrics import COUNTERS
 
 # A parent that starts a child and a thread of its own, then waits: a small process tree.
 TREE = (
@@ -45,3 +52,48 @@ def test_pin_with_no_cpus_leaves_the_affinity_alone() -> None:
     fidelity.pin(None)
     fidelity.pin([])
     assert os.sched_getaffinity(0) == before
+
+
+def test_shared_prompts_are_distinct_fresh_per_run_and_read_by_vllm_bench_as_written(
+    tiny_model: Path, tmp_path: Path
+) -> None:
+    """What the two clients of `compare` send: both read this file; vLLM's client reads it with
+    its own CustomDataset and the arguments `dataset_argv` gives it."""
+    from vllm.benchmarks.datasets.datasets import CustomDataset
+    from vllm.tokenizers import get_tokenizer
+
+    args = fidelity.parse_args(["compare", "--num-prompts", "40", "--input-len", "64",
+                                "--output-len", "8"])  # fmt: skip
+    target = Target("http://unused", None, str(tiny_model), str(tiny_model))
+    first = fidelity.prompts_file(args, target, tmp_path, seed=1)
+    rows = [json.loads(line) for line in first.read_text().splitlines()]
+    assert len(rows) == 40 and len({r["prompt"] for r in rows}) == 40  # no prefix-cache repeats
+    assert {r["max_tokens"] for r in rows} == {8}
+    again = [json.loads(line) for line in fidelity.prompts_file(args, target, tmp_path, 2)
+             .read_text().splitlines()]  # fmt: skip
+    assert not {r["prompt"] for r in rows} & {r["prompt"] for r in again}  # fresh per run
+
+    argv = fidelity.dataset_argv(args, first)
+    assert argv[argv.index("--dataset-path") + 1] == str(first)
+    tokenizer = get_tokenizer(str(tiny_model))
+    sampled = CustomDataset(dataset_path=str(first), disable_shuffle=True).sample(
+        tokenizer=tokenizer, num_requests=40, output_len=8, skip_chat_template=True
+    )
+    assert [s.prompt for s in sampled] == [r["prompt"] for r in rows]  # as written, in order
+    assert {s.expected_output_len for s in sampled} == {8}
+    # 64 tokens of text; vLLM's count includes the BOS token the server adds too.
+    assert {s.prompt_len for s in sampled} <= {64, 65}
+
+
+def test_hit_rate_is_the_share_of_queried_prefix_tokens_hit_between_two_scrapes() -> None:
+    hits, queries = COUNTERS["prefix_cache_hits"], COUNTERS["prefix_cache_queries"]
+    before = {hits: 100.0, queries: 1000.0}
+    assert fidelity.hit_rate(before, {hits: 130.0, queries: 1100.0}) == pytest.approx(0.3)
+    assert math.isnan(fidelity.hit_rate(before, dict(before)))  # nothing queried: unknown
+
+
+def test_own_prompts_give_vllm_bench_its_random_dataset() -> None:
+    args = argparse.Namespace(input_len=256, output_len=64)
+    argv = fidelity.dataset_argv(args, None)
+    assert argv[argv.index("--dataset-name") + 1] == "random"
+    assert argv[argv.index("--random-input-len") + 1] == "256"
