@@ -62,7 +62,7 @@ from tuner.loadgen.workload import build_plan  # noqa: E402
 from tuner.measure import Measurements, measure  # noqa: E402
 from tuner.records import RequestRecord, read_records  # noqa: E402
 from tuner.server import LaunchSpec, make_backend  # noqa: E402
-from tuner.telemetry.metrics import COUNTERS, scrape  # noqa: E402
+from tuner.telemetry.metrics import counter_deltas, scrape  # noqa: E402
 
 DEFAULT_OUT = ROOT / "benchmarks" / "results"
 METRICS = ("ttft", "tpot", "e2e")
@@ -268,19 +268,14 @@ def ab_rounds(
                 else run_ours(target, wl, out, seed, prompts)
             )  # fmt: skip
             after = scrape(target.base_url, target.api_key)
-            row[who]["prefix_cache_hit_rate"] = hit_rate(before, after)
+            row[who]["prefix_cache_hit_rate"] = counter_deltas(before, after).get(
+                "prefix_cache_hit_rate", math.nan
+            )
             print(f"round {rnd} {who}: {_fmt(row[who])} ({time.monotonic() - t0:.0f} s)",
                   flush=True)  # fmt: skip
         row["ratio"] = ratios(row["ours"], row["vllm"])
         pairs.append(row)
     return pairs
-
-
-def hit_rate(before: dict[str, float], after: dict[str, float]) -> float:
-    """The server's prefix-cache hit rate between two /metrics scrapes (tokens hit / queried)."""
-    hits, queries = (after.get(COUNTERS[k], 0.0) - before.get(COUNTERS[k], 0.0)
-                     for k in ("prefix_cache_hits", "prefix_cache_queries"))  # fmt: skip
-    return hits / queries if queries else math.nan
 
 
 def ratios(ours: dict[str, float], vllm: dict[str, float]) -> dict[str, float]:

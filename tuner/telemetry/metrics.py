@@ -149,22 +149,30 @@ class MetricsPoller(PeriodicSampler):
         return out
 
     def _deltas(self, first: dict[str, float], last: dict[str, float]) -> dict[str, float]:
-        out: dict[str, float] = {}
-        for key, name in COUNTERS.items():
-            delta = _delta(first, last, name)
-            if delta is not None:
-                out[key] = delta
-            elif name in first and name in last:
+        out = counter_deltas(first, last)
+        for name in COUNTERS.values():
+            if name in first and name in last and _delta(first, last, name) is None:
                 self._note(f"{name} went down (server restarted?)")
-        queries = out.get("prefix_cache_queries", 0.0)
-        if queries > 0:
-            out["prefix_cache_hit_rate"] = out.get("prefix_cache_hits", 0.0) / queries
         for key, name in HISTOGRAMS.items():
             count = _delta(first, last, f"{name}_count")
             total = _delta(first, last, f"{name}_sum")
             if count and total is not None:
                 out[key] = total / count
         return out
+
+
+def counter_deltas(first: dict[str, float], last: dict[str, float]) -> dict[str, float]:
+    """Each counter's increase between two scrapes (keyed as in COUNTERS), and the prefix-cache
+    hit rate when anything was queried; a counter missing from either, or gone down, is left out."""
+    out: dict[str, float] = {}
+    for key, name in COUNTERS.items():
+        delta = _delta(first, last, name)
+        if delta is not None:
+            out[key] = delta
+    queries = out.get("prefix_cache_queries", 0.0)
+    if queries > 0:
+        out["prefix_cache_hit_rate"] = out.get("prefix_cache_hits", 0.0) / queries
+    return out
 
 
 def _delta(first: dict[str, float], last: dict[str, float], name: str) -> float | None:
