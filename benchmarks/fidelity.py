@@ -26,7 +26,7 @@ bound to the same cores (VLLM_CPU_OMP_THREADS_BIND), and both clients run pinned
 The affinity each server thread really had is read back and reported.
 
     .venv/bin/python benchmarks/fidelity.py compare --rounds 4
-    .venv/bin/python benchmarks/fidelity.py --out benchmarks/results/pinned compare \
+    .venv/bin/python benchmarks/fidelity.py --out benchmarks/results/fidelity_pinned compare \
         --rounds 4 --server-cpus 0 --client-cpus 1
     .venv/bin/python benchmarks/fidelity.py headroom
 """
