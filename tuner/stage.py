@@ -16,7 +16,7 @@ import optuna
 from optuna.trial import TrialState
 
 from tuner import search_space
-from tuner.acceptance import Decision, mean_constraints
+from tuner.acceptance import Decision, mean_constraints, meets, violation
 from tuner.config import ParamSpec, ServerConfig, TunerConfig
 
 
@@ -106,6 +106,26 @@ def search_trials(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
     """The stage's completed search trials (reused measurements included)."""
     done = study.get_trials(states=(TrialState.COMPLETE,))
     return [t for t in done if t.user_attrs.get("role") == ROLE_SEARCH]
+
+
+def stage_winner(
+    trials: Sequence[optuna.trial.FrozenTrial],
+    select_index: int,
+    select_sign: float,
+    incumbent: Incumbent | None = None,
+) -> optuna.trial.FrozenTrial | None:
+    """The best feasible of a stage's ``trials`` by the selection objective; with an
+    ``incumbent`` that violates a constraint and no feasible trial, the nearest miss closer than
+    the incumbent (a single window's P99 cannot rule it out: it goes to the confirmation, and is
+    accepted only if it meets every constraint on the mean of its repeats)."""
+    measured = [t for t in trials if measured_ok(t)]
+    feasible = [t for t in measured if meets(t.constraints)]
+    if feasible:
+        return max(feasible, key=lambda t: select_sign * t.values[select_index])
+    if incumbent is None or meets(incumbent.constraints) or not measured:
+        return None
+    near = min(measured, key=lambda t: violation(t.constraints))
+    return near if violation(near.constraints) < violation(incumbent.constraints) else None
 
 
 def launched_trials(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:

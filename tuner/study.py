@@ -23,7 +23,7 @@ import optuna
 from optuna.trial import TrialState
 
 from tuner import search_space
-from tuner.acceptance import Decision, decide, mean_constraints, meets, violation
+from tuner.acceptance import Decision, decide, mean_constraints, meets
 from tuner.config import TunerConfig
 from tuner.errors import StudyFailedError, TunerError
 from tuner.evaluation import Evaluated, Evaluator
@@ -55,6 +55,7 @@ from tuner.stage import (
     search_trials,
     seed_incumbent,
     spec_text,
+    stage_winner,
     tell_reused,
 )
 from tuner.storage import (
@@ -338,18 +339,8 @@ class StudyRunner:
     def _winner(
         self, study: optuna.Study, incumbent: Incumbent | None = None
     ) -> optuna.trial.FrozenTrial | None:
-        """The stage's best feasible trial; with an ``incumbent`` that violates a constraint and
-        no feasible trial, the nearest miss (a single window's P99 cannot rule it out: it goes
-        to the confirmation, and is accepted only if it meets every constraint on the mean)."""
-        measured = [t for t in search_trials(study) if measured_ok(t)]
-        feasible = [t for t in measured if meets(t.constraints)]
-        if feasible:
-            idx, sign = self.evaluator.select_index, self.evaluator.select_sign
-            return max(feasible, key=lambda t: sign * t.values[idx])
-        if incumbent is None or meets(incumbent.constraints) or not measured:
-            return None
-        near = min(measured, key=lambda t: violation(t.constraints))
-        return near if violation(near.constraints) < violation(incumbent.constraints) else None
+        idx, sign = self.evaluator.select_index, self.evaluator.select_sign
+        return stage_winner(search_trials(study), idx, sign, incumbent)
 
     def _confirm(self, study: optuna.Study, stage: Stage, incumbent: Incumbent) -> Decision:
         """Re-measure winner and incumbent interleaved; accept only beyond the noise."""

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import optuna
 import pytest
 
 from tuner.acceptance import Decision, decide, mean_constraints, meets
 from tuner.objective import NO_DATA_VIOLATION
+from tuner.stage import Incumbent, stage_winner
 
 
 def test_clear_gain_is_accepted() -> None:
@@ -65,3 +67,30 @@ def test_constraints_are_met_on_the_mean_and_a_failure_is_never_averaged_away() 
     assert meets(mean) and not meets(straddling[1])
     failed = [{"p99": -0.5}, {"p99": NO_DATA_VIOLATION}, {"p99": -0.5}, {"p99": -0.5}]
     assert not meets(mean_constraints(failed))
+
+
+def _trial(rate: float, p99_violation: float, status: str = "ok") -> optuna.trial.FrozenTrial:
+    return optuna.trial.create_trial(
+        values=[rate],
+        user_attrs={"status": status},
+        constraints={"p99_e2e_s": p99_violation},
+    )
+
+
+def _incumbent(p99_violation: float) -> Incumbent:
+    return Incumbent({}, [1000.0], {"p99_e2e_s": p99_violation}, "baseline")
+
+
+def test_stage_winner_is_the_best_feasible_trial_not_the_fastest() -> None:
+    fast_but_slow_tail, ok, better = _trial(990, 0.4), _trial(900, -0.1), _trial(950, -0.2)
+    trials = [fast_but_slow_tail, ok, better, _trial(5000, -1.0, status="failed")]
+    assert stage_winner(trials, 0, 1.0, _incumbent(0.5)) is better
+    assert stage_winner(trials, 0, -1.0) is ok  # minimizing the selection objective
+
+
+def test_stage_winner_is_the_nearest_miss_only_against_an_infeasible_incumbent() -> None:
+    near, far = _trial(900, 0.2), _trial(990, 0.9)
+    assert stage_winner([far, near], 0, 1.0, _incumbent(0.5)) is near
+    assert stage_winner([far, near], 0, 1.0, _incumbent(0.1)) is None  # nothing nearer
+    assert stage_winner([far, near], 0, 1.0, _incumbent(-0.1)) is None  # a feasible incumbent
+    assert stage_winner([far, near], 0, 1.0) is None
