@@ -23,16 +23,12 @@ Each run is scored against the table's *truth* (every configuration's mean over 
 from __future__ import annotations
 
 import argparse
-import contextlib
-import copy
 import itertools
 import json
-import logging
 import sys
-import tempfile
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -43,34 +39,36 @@ sys.path.insert(0, str(ROOT))
 
 import optuna  # noqa: E402
 
-import tuner.study as study_module  # noqa: E402
 from benchmarks.landscape import (  # noqa: E402
-    MAX_ERROR_RATE,
     Landscape,
     Measured,
     landscape_rows,
     median_slo,
     reference,
 )
+from benchmarks.lookup import (  # noqa: E402
+    StudyStrategy,
+    count_fallbacks,
+    lookup_trials,
+    outcome_of,
+    quiet,
+    run_study,
+    study_config,
+)
 from benchmarks.scoring import (  # noqa: E402
     Launch,
     RunTrace,
     aggregate,
     best_observed,
-    incumbent_timeline,
     markdown,
     summarize_run,
 )
-from tuner.acceptance import Decision  # noqa: E402
 from tuner.cli import compose  # noqa: E402
-from tuner.config import ParamSpec, SamplerConfig, TunerConfig  # noqa: E402
-from tuner.errors import TunerError  # noqa: E402
-from tuner.evaluation import Evaluator  # noqa: E402
-from tuner.measure import Measurements, MetricStats  # noqa: E402
-from tuner.server import LaunchSpec  # noqa: E402
-from tuner.stage import ATTR_DECISION  # noqa: E402
-from tuner.study import TrialFn  # noqa: E402
-from tuner.trial import TrialOutcome  # noqa: E402
+from tuner.config import ParamSpec, TunerConfig  # noqa: E402
+
+# Re-exported for tests/unit/test_replay.py and test_study.py, which load this script alone.
+__all__ = ["Measured", "StudyStrategy", "count_fallbacks", "lookup_trials", "outcome_of",
+           "run_study", "study_config"]  # fmt: skip
 
 DEFAULT_CSV = ROOT / "benchmarks" / "data" / "grid_vllm_cpu.csv"
 DEFAULT_OUT = ROOT / "benchmarks" / "results"
@@ -81,31 +79,6 @@ SCRATCH = "/dev/shm" if Path("/dev/shm").is_dir() else None
 
 
 # ---- a run ------------------------------------------------------------------------------
-class _FallbackCounter(logging.Handler):
-    """Counts Optuna's "sampled independently ... instead of <Sampler>" warnings."""
-
-    def __init__(self) -> None:
-        super().__init__(logging.WARNING)
-        self.count = 0
-
-    def emit(self, record: logging.LogRecord) -> None:
-        if "sampled independently" in record.getMessage():
-            self.count += 1
-
-
-@contextlib.contextmanager
-def count_fallbacks() -> Iterator[_FallbackCounter]:
-    counter = _FallbackCounter()
-    logger = optuna.logging.get_logger("optuna")
-    logger.addHandler(counter)
-    optuna.logging.disable_default_handler()  # counted per run instead of printed
-    try:
-        yield counter
-    finally:
-        optuna.logging.enable_default_handler()
-        logger.removeHandler(counter)
-
-
 def run_defaults(land: Landscape, slo: float, seed: int) -> RunTrace:
     rng = np.random.default_rng(seed)
     key = land.key({})
@@ -120,133 +93,6 @@ def run_grid(land: Landscape, slo: float, seed: int) -> RunTrace:
     trace = RunTrace("grid", seed, launches)
     trace.selected = best_observed(launches, land, slo)
     return trace
-
-
-# ---- StudyRunner with a lookup instead of run_trial ---------------------------------------
-def outcome_of(measured: Measured, launch: LaunchSpec, trial_id: str) -> TrialOutcome:
-    """The TrialOutcome run_trial would have returned for this measurement."""
-    outcome = TrialOutcome(trial_id, "failed", [], asdict(launch), reason=measured.reason)
-    if not measured.ok:
-        outcome.message = "replayed failure"
-        return outcome
-    n, failed = measured.completed, measured.failed
-    m = Measurements(
-        ttft=_stats(n, measured.p50_ttft_s, measured.p99_ttft_s),
-        tpot=_stats(n, measured.p50_tpot_s, measured.p99_tpot_s),
-        itl=MetricStats(),
-        e2e=_stats(n, measured.p50_e2e_s, measured.p99_e2e_s),
-        window_s=WINDOW_S,
-        requests_started=n + failed,
-        completed=n,
-        failed=failed,
-        errors_by_kind={},
-        error_rate=measured.error_rate,
-        request_throughput=measured.request_per_s,
-        output_throughput=measured.output_tok_s,
-        total_throughput=measured.output_tok_s,
-        goodput=0.0,
-        mean_prompt_tokens=None,
-        mean_output_tokens=None,
-        dispatch_lag_p99_s=None,
-    )
-    outcome.status, outcome.reason, outcome.measurements = "ok", "", m.to_dict()
-    return outcome
-
-
-def _stats(n: int, p50: float | None, p99: float | None) -> MetricStats:
-    return MetricStats(n=n, p50=p50, p99=p99) if p99 is not None else MetricStats()
-
-
-def lookup_trials(land: Landscape, rng: np.random.Generator, launches: list[Launch]) -> TrialFn:
-    """A trial function for StudyRunner that looks the launch up in the table."""
-
-    def lookup_trial(
-        config: TunerConfig, launch: LaunchSpec, paths: Any, trial_id: str, progress: Any = None
-    ) -> TrialOutcome:
-        key = land.key(launch.args)
-        measured = land.draw(key, rng)
-        launches.append(Launch(trial_id.rsplit("-", 1)[0], key, measured))
-        return outcome_of(measured, launch, trial_id)
-
-    return lookup_trial
-
-
-@dataclass(frozen=True)
-class StudyStrategy:
-    """A StudyRunner configuration: staged or joint, a sampler, a budget."""
-
-    name: str
-    strategy: str  # staged | joint
-    sampler: str
-    trials_per_stage: int
-    repeats: int = 2
-    n_startup_trials: int = 2
-    options: Mapping[str, Any] = field(default_factory=dict)
-    refine_trials: int = 0  # staged only: study.refine_trials (a last joint stage)
-    baseline_measurements: int = 3  # study.baseline_measurements (the schema's default)
-
-
-def study_config(
-    base: TunerConfig, s: StudyStrategy, space: Mapping[str, Mapping[str, ParamSpec]],
-    slo: float, seed: int, folder: Path,
-) -> TunerConfig:  # fmt: skip
-    config = copy.deepcopy(base)
-    config.name, config.studies_dir = f"replay-{s.name}-{seed}", str(folder)
-    config.search_space = {g: dict(specs) for g, specs in space.items()}
-    config.study.strategy, config.study.stages = s.strategy, list(space)
-    config.study.trials_per_stage, config.study.repeats, config.study.seed = (
-        s.trials_per_stage, s.repeats, seed,
-    )  # fmt: skip
-    config.study.refine_trials = s.refine_trials
-    config.study.baseline_measurements = s.baseline_measurements
-    config.study.storage = f"sqlite:///{folder}/replay.db"
-    config.study.max_consecutive_failures = 10_000  # report the path, do not stop on failures
-    config.study.max_failure_rate = 1.0
-    config.sampler = SamplerConfig(s.sampler, s.n_startup_trials, dict(s.options))
-    config.slo.p99_e2e_s, config.slo.max_error_rate = slo, MAX_ERROR_RATE
-    config.quality.enabled = False  # the table holds no model outputs to score
-    return config
-
-
-def run_study(
-    land: Landscape, base: TunerConfig, s: StudyStrategy,
-    space: Mapping[str, Mapping[str, ParamSpec]], slo: float, seed: int,
-) -> RunTrace:  # fmt: skip
-    trace = RunTrace(s.name, seed)
-    rng = np.random.default_rng(seed)
-    with tempfile.TemporaryDirectory(prefix="replay-", dir=SCRATCH) as tmp:
-        config = study_config(base, s, space, slo, seed, Path(tmp))
-        lookup = lookup_trials(land, rng, trace.launches)
-        runner = study_module.StudyRunner(
-            config, Evaluator(config), {"replay": seed}, _quiet, trial_fn=lookup
-        )
-        with count_fallbacks() as fallbacks:
-            try:
-                runner.run()
-            except TunerError as exc:
-                trace.stopped = exc.one_line()
-        trace.independent_samples = fallbacks.count
-        decisions = stored_decisions(config, runner)
-    trace.selected = incumbent_timeline(trace.launches, decisions, land)
-    trace.decisions = [d.line() for d in decisions]
-    return trace
-
-
-def _quiet(_message: str) -> None:
-    return None
-
-
-def stored_decisions(config: TunerConfig, runner: study_module.StudyRunner) -> list[Decision]:
-    """Every stage decision the run stored (also those before an early stop)."""
-    out = []
-    for stage in runner.stages:
-        try:
-            st = optuna.load_study(study_name=f"{config.name}:{stage.name}", storage=runner.storage)
-        except KeyError:
-            continue
-        if ATTR_DECISION in st.user_attrs:
-            out.append(Decision.from_dict(st.user_attrs[ATTR_DECISION]))
-    return out
 
 
 # ---- the benchmark -----------------------------------------------------------------------
@@ -287,7 +133,7 @@ def categorical_space(
 def replay(
     land: Landscape, base: TunerConfig, groups: Mapping[str, Sequence[str]], seeds: int,
     strategies: Sequence[StudyStrategy], slo: float | None = None,
-    say: Callable[[str], None] = _quiet,
+    say: Callable[[str], None] = quiet,
 ) -> dict[str, Any]:  # fmt: skip
     """Run every strategy over ``seeds`` seeds; per-run rows and per-strategy medians."""
     ref = reference(land, slo if slo is not None else median_slo(land))

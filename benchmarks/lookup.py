@@ -1,0 +1,192 @@
+"""A StudyRunner whose trials look measurements up in a landscape instead of starting servers.
+
+:func:`run_study` runs tuner's own :class:`~tuner.study.StudyRunner` (samplers from the
+registry, search_space, evaluation, the acceptance rule, a real Optuna SQLite storage) with
+:func:`lookup_trials` as its ``trial_fn``: each launch draws one of its configuration's measured
+repeats, and the run's launches and stored decisions come back as a
+:class:`~benchmarks.scoring.RunTrace`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import logging
+import tempfile
+from collections.abc import Iterator, Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import optuna
+
+import tuner.study as study_module
+from benchmarks.landscape import MAX_ERROR_RATE, Landscape, Measured
+from benchmarks.scoring import Launch, RunTrace, incumbent_timeline
+from tuner.acceptance import Decision
+from tuner.config import ParamSpec, SamplerConfig, TunerConfig
+from tuner.errors import TunerError
+from tuner.evaluation import Evaluator
+from tuner.measure import Measurements, MetricStats
+from tuner.server import LaunchSpec
+from tuner.stage import ATTR_DECISION
+from tuner.study import TrialFn
+from tuner.trial import TrialOutcome
+
+WINDOW_S = 10.0  # the grid's window: only used to rebuild counts from rates
+# The study's SQLite file: in memory-backed /dev/shm when there is one (a commit there costs
+# microseconds; on a busy disk each of a run's ~1,000 commits waited ~15 ms for fsync).
+SCRATCH = "/dev/shm" if Path("/dev/shm").is_dir() else None
+
+
+class _FallbackCounter(logging.Handler):
+    """Counts Optuna's "sampled independently ... instead of <Sampler>" warnings."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.count = 0
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if "sampled independently" in record.getMessage():
+            self.count += 1
+
+
+@contextlib.contextmanager
+def count_fallbacks() -> Iterator[_FallbackCounter]:
+    counter = _FallbackCounter()
+    logger = optuna.logging.get_logger("optuna")
+    logger.addHandler(counter)
+    optuna.logging.disable_default_handler()  # counted per run instead of printed
+    try:
+        yield counter
+    finally:
+        optuna.logging.enable_default_handler()
+        logger.removeHandler(counter)
+
+
+def outcome_of(measured: Measured, launch: LaunchSpec, trial_id: str) -> TrialOutcome:
+    """The TrialOutcome run_trial would have returned for this measurement."""
+    outcome = TrialOutcome(trial_id, "failed", [], asdict(launch), reason=measured.reason)
+    if not measured.ok:
+        outcome.message = "replayed failure"
+        return outcome
+    n, failed = measured.completed, measured.failed
+    m = Measurements(
+        ttft=_stats(n, measured.p50_ttft_s, measured.p99_ttft_s),
+        tpot=_stats(n, measured.p50_tpot_s, measured.p99_tpot_s),
+        itl=MetricStats(),
+        e2e=_stats(n, measured.p50_e2e_s, measured.p99_e2e_s),
+        window_s=WINDOW_S,
+        requests_started=n + failed,
+        completed=n,
+        failed=failed,
+        errors_by_kind={},
+        error_rate=measured.error_rate,
+        request_throughput=measured.request_per_s,
+        output_throughput=measured.output_tok_s,
+        total_throughput=measured.output_tok_s,
+        goodput=0.0,
+        mean_prompt_tokens=None,
+        mean_output_tokens=None,
+        dispatch_lag_p99_s=None,
+    )
+    outcome.status, outcome.reason, outcome.measurements = "ok", "", m.to_dict()
+    return outcome
+
+
+def _stats(n: int, p50: float | None, p99: float | None) -> MetricStats:
+    return MetricStats(n=n, p50=p50, p99=p99) if p99 is not None else MetricStats()
+
+
+def lookup_trials(land: Landscape, rng: np.random.Generator, launches: list[Launch]) -> TrialFn:
+    """A trial function for StudyRunner that looks the launch up in the table."""
+
+    def lookup_trial(
+        config: TunerConfig, launch: LaunchSpec, paths: Any, trial_id: str, progress: Any = None
+    ) -> TrialOutcome:
+        key = land.key(launch.args)
+        measured = land.draw(key, rng)
+        launches.append(Launch(trial_id.rsplit("-", 1)[0], key, measured))
+        return outcome_of(measured, launch, trial_id)
+
+    return lookup_trial
+
+
+@dataclass(frozen=True)
+class StudyStrategy:
+    """A StudyRunner configuration: staged or joint, a sampler, a budget."""
+
+    name: str
+    strategy: str  # staged | joint
+    sampler: str
+    trials_per_stage: int
+    repeats: int = 2
+    n_startup_trials: int = 2
+    options: Mapping[str, Any] = field(default_factory=dict)
+    refine_trials: int = 0  # staged only: study.refine_trials (a last joint stage)
+    baseline_measurements: int = 3  # study.baseline_measurements (the schema's default)
+
+
+def study_config(
+    base: TunerConfig, s: StudyStrategy, space: Mapping[str, Mapping[str, ParamSpec]],
+    slo: float, seed: int, folder: Path,
+) -> TunerConfig:  # fmt: skip
+    config = copy.deepcopy(base)
+    config.name, config.studies_dir = f"replay-{s.name}-{seed}", str(folder)
+    config.search_space = {g: dict(specs) for g, specs in space.items()}
+    config.study.strategy, config.study.stages = s.strategy, list(space)
+    config.study.trials_per_stage, config.study.repeats, config.study.seed = (
+        s.trials_per_stage, s.repeats, seed,
+    )  # fmt: skip
+    config.study.refine_trials = s.refine_trials
+    config.study.baseline_measurements = s.baseline_measurements
+    config.study.storage = f"sqlite:///{folder}/replay.db"
+    config.study.max_consecutive_failures = 10_000  # report the path, do not stop on failures
+    config.study.max_failure_rate = 1.0
+    config.sampler = SamplerConfig(s.sampler, s.n_startup_trials, dict(s.options))
+    config.slo.p99_e2e_s, config.slo.max_error_rate = slo, MAX_ERROR_RATE
+    config.quality.enabled = False  # the table holds no model outputs to score
+    return config
+
+
+def run_study(
+    land: Landscape, base: TunerConfig, s: StudyStrategy,
+    space: Mapping[str, Mapping[str, ParamSpec]], slo: float, seed: int,
+) -> RunTrace:  # fmt: skip
+    trace = RunTrace(s.name, seed)
+    rng = np.random.default_rng(seed)
+    with tempfile.TemporaryDirectory(prefix="replay-", dir=SCRATCH) as tmp:
+        config = study_config(base, s, space, slo, seed, Path(tmp))
+        lookup = lookup_trials(land, rng, trace.launches)
+        runner = study_module.StudyRunner(
+            config, Evaluator(config), {"replay": seed}, quiet, trial_fn=lookup
+        )
+        with count_fallbacks() as fallbacks:
+            try:
+                runner.run()
+            except TunerError as exc:
+                trace.stopped = exc.one_line()
+        trace.independent_samples = fallbacks.count
+        decisions = stored_decisions(config, runner)
+    trace.selected = incumbent_timeline(trace.launches, decisions, land)
+    trace.decisions = [d.line() for d in decisions]
+    return trace
+
+
+def quiet(_message: str) -> None:
+    """A progress callback that prints nothing (a replay runs thousands of trials)."""
+    return None
+
+
+def stored_decisions(config: TunerConfig, runner: study_module.StudyRunner) -> list[Decision]:
+    """Every stage decision the run stored (also those before an early stop)."""
+    out = []
+    for stage in runner.stages:
+        try:
+            st = optuna.load_study(study_name=f"{config.name}:{stage.name}", storage=runner.storage)
+        except KeyError:
+            continue
+        if ATTR_DECISION in st.user_attrs:
+            out.append(Decision.from_dict(st.user_attrs[ATTR_DECISION]))
+    return out
