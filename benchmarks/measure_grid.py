@@ -1,6 +1,7 @@
 """Measure the full grid of a real vLLM-CPU landscape through tuner's own trial runner.
 
-Every configuration of max_num_seqs x max_num_batched_tokens x enforce_eager is measured
+Every configuration of a grid (``--grid``: ``batching``, max_num_seqs x max_num_batched_tokens x
+enforce_eager, the replay's landscape; ``precision``, max_num_seqs x kv_cache_dtype) is measured
 ``--repeats`` times with :func:`tuner.trial.run_trial` (real server, real Locust load, raw
 per-request records), in an interleaved order: repeat r visits every configuration once, in a
 shuffled order of its own, before repeat r+1 starts, so slow drifts of the shared machine spread
@@ -9,7 +10,8 @@ resumable (rows already in the CSV are skipped), so an interrupted run continues
 
     .venv/bin/python benchmarks/measure_grid.py            # (re)measure what is missing
 
-The table feeds benchmarks/replay.py (search strategies replayed against measured values).
+The batching table feeds benchmarks/replay.py (search strategies replayed against measured
+values), the precision table benchmarks/precision.py (fp8 / auto ratios).
 """
 
 from __future__ import annotations
@@ -42,15 +44,9 @@ from tuner.records import read_records  # noqa: E402
 from tuner.server import LaunchSpec  # noqa: E402
 from tuner.trial import run_trial  # noqa: E402
 
-DEFAULT_CSV = ROOT / "benchmarks" / "data" / "grid_vllm_cpu.csv"
-GRID: dict[str, list[Any]] = {
-    "max_num_seqs": [4, 16, 64, 256],
-    "max_num_batched_tokens": [512, 2048, 8192],
-    "enforce_eager": [True, False],
-}
-PARAMS = list(GRID)
-COLUMNS = [
-    "config_id", "repeat", "order", *PARAMS, "status", "reason",
+DATA = ROOT / "benchmarks" / "data"
+METRIC_COLUMNS = [
+    "status", "reason",
     "p50_e2e_s", "p99_e2e_s", "p50_ttft_s", "p99_ttft_s", "p50_tpot_s", "p99_tpot_s",
     "output_tok_s", "output_token_rate", "request_per_s", "cost_per_m_tok", "error_rate",
     "completed", "failed",
@@ -65,20 +61,64 @@ class Point:
     params: dict[str, Any]
 
 
-def grid_points() -> list[Point]:
-    points = []
-    for values in itertools.product(*GRID.values()):
-        params = dict(zip(PARAMS, values, strict=True))
-        cid = f"s{params['max_num_seqs']}-b{params['max_num_batched_tokens']}-" + (
-            "eager" if params["enforce_eager"] else "compiled"
-        )
-        points.append(Point(cid, params))
-    # vLLM's own defaults (max_num_seqs/max_num_batched_tokens left out: 128/2048 on a CPU
-    # server), with the fixed args' enforce_eager and without it: the baseline of a study and
-    # the configurations a staged search visits when a stage keeps the defaults.
-    points.append(Point("default-eager", {}))
-    points.append(Point("default-compiled", {"enforce_eager": False}))
-    return points
+@dataclass(frozen=True)
+class Grid:
+    """A landscape to measure: the product of ``axes`` plus ``extra`` points (vLLM's defaults,
+    i.e. flags left out). ``fixed`` is what a param a point leaves out takes from the fixed
+    server args, written into its row so that the table is complete."""
+
+    axes: dict[str, list[Any]]
+    extra: tuple[Point, ...]
+    fixed: dict[str, Any]
+    csv: Path
+    label: dict[str, str]  # param -> config_id prefix
+
+    @property
+    def columns(self) -> list[str]:
+        return ["config_id", "repeat", "order", *self.axes, *METRIC_COLUMNS]
+
+    def points(self) -> list[Point]:
+        points = []
+        for values in itertools.product(*self.axes.values()):
+            params = dict(zip(self.axes, values, strict=True))
+            cid = "-".join(_label(self.label[k], v) for k, v in params.items())
+            points.append(Point(cid, params))
+        return points + list(self.extra)
+
+
+def _label(prefix: str, value: Any) -> str:
+    if isinstance(value, bool):  # enforce_eager
+        return "eager" if value else "compiled"
+    return f"{prefix}{value}"
+
+
+GRIDS: dict[str, Grid] = {
+    # The search landscape of the replay (any x86 CPU). vLLM's own defaults leave
+    # max_num_seqs/max_num_batched_tokens out (128/2048 on a CPU server), with the fixed args'
+    # enforce_eager and without it: a study's baseline, and what a staged search visits when a
+    # stage keeps the defaults.
+    "batching": Grid(
+        axes={
+            "max_num_seqs": [4, 16, 64, 256],
+            "max_num_batched_tokens": [512, 2048, 8192],
+            "enforce_eager": [True, False],
+        },
+        extra=(Point("default-eager", {}), Point("default-compiled", {"enforce_eager": False})),
+        fixed={"enforce_eager": True},
+        csv=DATA / "grid_vllm_cpu.csv",
+        label={"max_num_seqs": "s", "max_num_batched_tokens": "b", "enforce_eager": ""},
+    ),
+    # The precision axis: fp8 KV cache against the model's dtype, side by side at several
+    # batch limits. vLLM-CPU starts fp8 KV only on x86 with AVX-512 or AMX.
+    "precision": Grid(
+        axes={"max_num_seqs": [16, 64, 256], "kv_cache_dtype": ["auto", "fp8"]},
+        extra=(Point("default-kvauto", {}), Point("default-kvfp8", {"kv_cache_dtype": "fp8"})),
+        fixed={"kv_cache_dtype": "auto"},
+        csv=DATA / "precision_vllm_cpu_avx512.csv",
+        label={"max_num_seqs": "s", "kv_cache_dtype": "kv"},
+    ),
+}
+COLUMNS = GRIDS["batching"].columns  # the replay's table
 
 
 def schedule(points: Sequence[Point], repeats: int, seed: int) -> Iterator[tuple[int, Point]]:
@@ -121,11 +161,13 @@ def _round(value: Any) -> float | str:
     return "" if value is None else round(float(value), 2)
 
 
-def row_of(point: Point, rep: int, order: int, outcome: Any, cost: float) -> dict[str, Any]:
+def row_of(
+    grid: Grid, point: Point, rep: int, order: int, outcome: Any, cost: float
+) -> dict[str, Any]:
     m = outcome.measurements or {}
     ok = outcome.ok and m.get("completed", 0) > 0
-    row: dict[str, Any] = {c: "" for c in COLUMNS}
-    row.update({"enforce_eager": True, **point.params})  # True: the fixed args' value
+    row: dict[str, Any] = {c: "" for c in grid.columns}
+    row.update({**grid.fixed, **point.params})
     row.update(
         config_id=point.config_id,
         repeat=rep,
@@ -161,11 +203,11 @@ def row_of(point: Point, rep: int, order: int, outcome: Any, cost: float) -> dic
     return row
 
 
-def append_row(path: Path, row: dict[str, Any]) -> None:
+def append_row(path: Path, row: dict[str, Any], columns: list[str]) -> None:
     new = not path.exists()
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("a", newline="", encoding="utf-8") as f:
-        writer = csv.DictWriter(f, fieldnames=COLUMNS)
+        writer = csv.DictWriter(f, fieldnames=columns)
         if new:
             writer.writeheader()
         writer.writerow(row)
@@ -178,8 +220,9 @@ def measure(args: argparse.Namespace) -> int:
     evaluator = Evaluator(config)
     cost_idx = evaluator.names.index("cost_per_million_tokens")
     study = StudyPaths.for_study(config.studies_dir, config.name)
+    grid = GRIDS[args.grid]
     done = done_keys(args.csv)
-    todo = [(r, p) for r, p in schedule(grid_points(), args.repeats, args.seed) if
+    todo = [(r, p) for r, p in schedule(grid.points(), args.repeats, args.seed) if
             (p.config_id, r) not in done]  # fmt: skip
     print(f"{len(done)} rows in {args.csv}; {len(todo)} to measure", flush=True)
     for i, (rep, point) in enumerate(todo):
@@ -191,8 +234,8 @@ def measure(args: argparse.Namespace) -> int:
         t0 = time.monotonic()
         outcome = run_trial(config, LaunchSpec(args=dict(point.params)), paths, trial_id)
         result = evaluator.evaluate(outcome, dict(point.params))
-        row = row_of(point, rep, len(done) + i, outcome, result.values[cost_idx])
-        append_row(args.csv, row)
+        row = row_of(grid, point, rep, len(done) + i, outcome, result.values[cost_idx])
+        append_row(args.csv, row, grid.columns)
         print(
             f"[{i + 1}/{len(todo)}] {trial_id}: {row['status']} {row['reason']} "
             f"p99_e2e={row['p99_e2e_s']} out_tok_s={row['output_tok_s']} "
@@ -221,14 +264,15 @@ def backfill(csv_path: Path, records_dir: Path, warmup_s: float) -> int:
         records = [r for f in folder.glob("records-*.jsonl") for r in read_records(f)]
         frame.loc[i, "output_token_rate"] = str(_round(token_rate(records, start, end)))
         filled += 1
-    frame[COLUMNS].to_csv(csv_path, index=False)
+    frame.to_csv(csv_path, index=False)
     print(f"output_token_rate filled for {filled} rows from {records_dir}")
     return 0
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--csv", type=Path, default=DEFAULT_CSV, help="append here; resume from it")
+    p.add_argument("--grid", choices=sorted(GRIDS), default="batching", help="which landscape")
+    p.add_argument("--csv", type=Path, help="append here; resume from it (default: the grid's)")
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--concurrency", type=int, default=64, help="closed-loop users")
     p.add_argument("--warmup", type=float, default=3.0)
@@ -243,7 +287,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         metavar="DIR",
         help="fill output_token_rate of older rows from records kept under DIR",
     )
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    args.csv = args.csv or GRIDS[args.grid].csv
+    return args
 
 
 def _sigterm(_signum: int, _frame: object) -> None:
