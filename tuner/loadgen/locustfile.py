@@ -52,6 +52,10 @@ PLAN: list[dict[str, Any]] = [
 ]
 CLIENT_BUG_EXIT = 3  # Locust's exit code when this file itself failed on a request
 REFUSED_BACKOFF_S = 0.1  # a dead server refuses instantly: do not spin out thousands of records
+# Locust rewrites its CSV every CSV_STATS_INTERVAL_SEC (1 s) and the quitting hook waits one
+# pass so the file counts every request: 1.2 s of every trial's exit, ~2 % of a 55 s trial on a
+# fast CPU host (benchmarks/README.md §3). A quarter second costs four tiny rewrites a second.
+locust_stats.CSV_STATS_INTERVAL_SEC = 0.25
 # What a broken or malformed answer raises while we read it (bad JSON, odd shapes, cut streams).
 _MALFORMED = (requests.exceptions.RequestException, ValueError, TypeError, KeyError, AttributeError)
 
