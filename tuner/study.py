@@ -47,7 +47,6 @@ from tuner.stage import (
     jsonable,
     launched_trials,
     measured_config,
-    measured_ok,
     measured_point,
     ok_trials,
     pareto_front,
