@@ -166,12 +166,12 @@ def replay(
 
 
 def explain(
-    land: Landscape, base: TunerConfig, strategies: Sequence[StudyStrategy], seeds: int,
-    slo: float | None,
+    land: Landscape, base: TunerConfig, groups: Mapping[str, Sequence[str]],
+    strategies: Sequence[StudyStrategy], seeds: int, slo: float | None,
 ) -> int:  # fmt: skip
     """Why each run handed over what it did: the diagnosis behind benchmarks/README.md §2 b."""
     ref = reference(land, slo if slo is not None else median_slo(land))
-    space = categorical_space(land, GROUPS)
+    space = categorical_space(land, groups)
     for seed in range(seeds):
         for s in strategies:
             print(run_study(land, base, s, space, ref.slo_p99_e2e_s, seed).explain())
@@ -221,6 +221,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="samplers of the staged runs (each at each --staged-trials value)",
     )
     p.add_argument("--refine-trials", type=int, default=4, help="study.refine_trials; 0: none")
+    p.add_argument(
+        "--stages",
+        nargs="+",
+        choices=list(GROUPS),
+        default=list(GROUPS),
+        help="the stage order of the staged runs (default: tuner's, batching then runtime)",
+    )
     p.add_argument("--only", nargs="+", default=None, help="run only these StudyRunner strategies")
     p.add_argument(
         "--explain",
@@ -247,11 +254,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     if args.only:
         strategies = [s for s in strategies if s.name in args.only]
+    groups = {g: GROUPS[g] for g in args.stages}  # the staged runs' stage order
     if args.explain:
-        return explain(land, base, strategies, args.seeds, args.slo)
+        return explain(land, base, groups, strategies, args.seeds, args.slo)
     t0 = time.monotonic()
-    result = replay(land, base, GROUPS, args.seeds, strategies, args.slo, say=print)
+    result = replay(land, base, groups, args.seeds, strategies, args.slo, say=print)
     result["reference"]["throughput_column"] = args.throughput
+    result["reference"]["stages"] = list(groups)
     result["reference"]["table"] = str(args.csv.relative_to(ROOT) if args.csv.is_absolute()
                                        and args.csv.is_relative_to(ROOT) else args.csv)  # fmt: skip
     result["elapsed_s"] = round(time.monotonic() - t0, 1)

@@ -87,6 +87,21 @@ def test_explain_prints_every_launch_and_each_stage_decision(
     ]  # fmt: skip
 
 
+def test_the_stages_run_in_the_order_given(
+    replay: ModuleType, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    land = replay.Landscape.from_csv(write_table(tmp_path / "grid.csv"), PARAMS, DEFAULTS)
+    strategy = replay.StudyStrategy("staged_tpe", "staged", "tpe", 2, repeats=1)
+    reversed_groups = dict(reversed(GROUPS.items()))
+    replay.explain(land, replay.base_config(), reversed_groups, [strategy], 1, 2.6)
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split(":")[0].strip() for line in lines if "stage " in line] == [
+        "stage second", "stage first",
+    ]  # fmt: skip
+    assert replay.parse_args(["--stages", "runtime", "batching"]).stages == ["runtime", "batching"]
+    assert replay.parse_args([]).stages == list(replay.GROUPS)  # tuner's own order
+
+
 def test_the_throughput_column_is_chosen_and_rows_without_it_left_out(
     replay: ModuleType, tmp_path: Path
 ) -> None:
