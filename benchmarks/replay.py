@@ -226,7 +226,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         nargs="+",
         choices=list(GROUPS),
         default=list(GROUPS),
-        help="the stage order of the staged runs (default: tuner's, batching then runtime)",
+        help="the staged runs' stage order (default: batching, runtime: §1-§2's replays)",
     )
     p.add_argument("--only", nargs="+", default=None, help="run only these StudyRunner strategies")
     p.add_argument(

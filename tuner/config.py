@@ -179,7 +179,7 @@ class StudyConfig:
 
     strategy: str = "staged"  # staged | joint
     stages: list[str] = field(
-        default_factory=lambda: ["parallelism", "quantization", "memory", "batching", "runtime"]
+        default_factory=lambda: ["parallelism", "quantization", "memory", "runtime", "batching"]
     )
     trials_per_stage: int = 4
     refine_trials: int = 0  # staged only: a last joint stage over every group (0 = none)

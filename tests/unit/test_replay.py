@@ -99,7 +99,7 @@ def test_the_stages_run_in_the_order_given(
         "stage second", "stage first",
     ]  # fmt: skip
     assert replay.parse_args(["--stages", "runtime", "batching"]).stages == ["runtime", "batching"]
-    assert replay.parse_args([]).stages == list(replay.GROUPS)  # tuner's own order
+    assert replay.parse_args([]).stages == list(replay.GROUPS)  # the committed replays' order
 
 
 def test_the_throughput_column_is_chosen_and_rows_without_it_left_out(
