@@ -118,7 +118,6 @@ GRIDS: dict[str, Grid] = {
         label={"max_num_seqs": "s", "kv_cache_dtype": "kv"},
     ),
 }
-COLUMNS = GRIDS["batching"].columns  # the replay's table
 
 
 def schedule(points: Sequence[Point], repeats: int, seed: int) -> Iterator[tuple[int, Point]]:
