@@ -23,6 +23,7 @@ REASON_ENGINE_INIT = "engine_init_failed"
 REASON_PORT_IN_USE = "port_in_use"
 REASON_STARTUP_TIMEOUT = "startup_timeout"
 REASON_DIED_DURING_LOAD = "died_during_load"
+REASON_ILLEGAL_INSTRUCTION = "illegal_instruction"  # a CPU instruction the host refused
 REASON_OTHER = "exited_during_startup"
 
 

@@ -21,13 +21,18 @@ import requests
 from tuner.config import ServerConfig
 from tuner.errors import PreflightError, ServerDiedError, ServerError, ServerStartError
 from tuner.process import free_port, port_is_free, reap, spawn, wait_port_free
-from tuner.server import base
+from tuner.server import amx, base
 from tuner.server.base import LaunchSpec, ServerInfo
 from tuner.server.vllm_parser import vllm_version
 
 # Log patterns -> failure reason, first match wins; OOM before engine-init because an OOM
 # also ends with "Engine core initialization failed".
 FAILURE_PATTERNS: list[tuple[str, re.Pattern[str]]] = [
+    # A worker killed by SIGILL (-4): the engine then also reports an init failure.
+    (
+        base.REASON_ILLEGAL_INSTRUCTION,
+        re.compile(r"Fatal Python error: Illegal instruction|died unexpectedly \(exit code: -4\)"),
+    ),
     (base.REASON_PORT_IN_USE, re.compile(r"Address already in use|address already in use")),
     (
         base.REASON_OOM,
@@ -181,6 +186,8 @@ class VllmServer:
         )
         env.update(self.config.env)
         env.update(self.launch.env)
+        if self.config.device == "cpu" and amx.host_has_amx():
+            env = amx.with_amx_permission(env)  # else eager vLLM-CPU dies of SIGILL (amx.py)
         if self.config.cuda_visible_devices is not None:
             env["CUDA_VISIBLE_DEVICES"] = self.config.cuda_visible_devices
         # Lets an operator (and the leak checks of the tests) tell which trial a server serves.
@@ -243,12 +250,16 @@ class VllmServer:
         full = log_tail(self.log_path, lines=5000)
         reason = base.REASON_DIED_DURING_LOAD if during == "load" else classify_failure(full)
         cause = root_cause(full)
+        hint = f"see {self.log_path}"
+        if reason == base.REASON_ILLEGAL_INSTRUCTION:
+            cause = "a server process was killed by SIGILL"
+            hint += "; the build uses an instruction this CPU or its hypervisor does not allow"
         raise error(
             f"vLLM exited with code {self._proc.returncode} during {during} ({reason})"
             + (f": {cause}" if cause else ""),
             reason=reason,
             log_tail=tail,
-            hint=f"see {self.log_path}",
+            hint=hint,
         )
 
     def _headers(self) -> dict[str, str]:
