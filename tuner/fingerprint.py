@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from tuner.config import TunerConfig
+from tuner.host import CPUINFO, read_cpuinfo
 
 # Never part of a fingerprint or of anything stored: secrets.
 SECRET_ENV_HINTS = ("TOKEN", "KEY", "SECRET", "PASSWORD")
@@ -29,12 +30,17 @@ def _model_identity(model: str) -> dict[str, Any]:
     return {"model": model, "config_sha256": digest}
 
 
-def hardware(device: str, gpus: list[dict[str, Any]]) -> dict[str, Any]:
+def hardware(
+    device: str, gpus: list[dict[str, Any]], cpuinfo: Path = CPUINFO
+) -> dict[str, Any]:
+    """The hardware half of a fingerprint: GPU names, or the CPU's model, kernel flags, cores."""
     if device == "cuda":
         return {"device": "cuda", "gpus": [g.get("name", "?") for g in gpus]}
+    cpu = read_cpuinfo(cpuinfo)
     return {
         "device": "cpu",
-        "cpu": platform.processor() or platform.machine(),
+        "cpu": cpu.model or platform.processor() or platform.machine(),
+        "isa": cpu.isa,  # same model name, other flags (a hypervisor's mask): other kernels
         "cores": os.cpu_count(),
     }
 

@@ -11,21 +11,14 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
+from tuner.host import CPUINFO, read_cpuinfo
+
 PRELOAD = Path(__file__).resolve().with_name("preload")
-CPUINFO = Path("/proc/cpuinfo")
 
 
 def host_has_amx(cpuinfo: Path = CPUINFO) -> bool:
     """The CPU reports AMX tiles (the ``amx_tile`` flag); False where cpuinfo is unreadable."""
-    try:
-        text = cpuinfo.read_text(encoding="utf-8", errors="replace")
-    except OSError:
-        return False
-    return any(
-        "amx_tile" in line.split(":", 1)[1].split()
-        for line in text.splitlines()
-        if line.startswith("flags") and ":" in line
-    )
+    return "amx_tile" in read_cpuinfo(cpuinfo).flags
 
 
 def with_amx_permission(env: Mapping[str, str]) -> dict[str, str]:
