@@ -132,3 +132,33 @@ def decide(
     else:
         decision.reason = "gain within the measured noise"
     return decision
+
+
+def resolvable_gain(samples: Sequence[float], repeats: int, min_gain: float) -> float | None:
+    """The smallest relative gain a stage can accept over an incumbent measured as ``samples``.
+
+    The rule's threshold, relative to the incumbent's mean, when the candidate is as noisy as
+    the incumbent: ``len(samples) + repeats`` incumbent measurements against ``1 + repeats`` of
+    the candidate (its search trial and its confirmations). None with fewer than two finite
+    samples: one window says nothing about the noise.
+    """
+    x = np.asarray(samples, float)
+    if len(x) < 2 or not np.all(np.isfinite(x)) or x.mean() == 0:
+        return None
+    var = float(np.var(x, ddof=1))
+    noise = 2.0 * np.sqrt(var / (len(x) + repeats) + var / (1 + repeats))
+    return max(float(noise / abs(x.mean())), min_gain)
+
+
+def resolution_line(objective: str, samples: Sequence[float], repeats: int, min_gain: float) -> str:
+    """What the baseline's spread means for the study, said once before the stages start."""
+    gain = resolvable_gain(samples, repeats, min_gain)
+    if gain is None:
+        return f"baseline {objective}: one window, its noise unknown until a stage re-measures it"
+    x = np.asarray(samples, float)
+    cv = float(np.std(x, ddof=1) / abs(x.mean()))
+    return (
+        f"baseline {objective}: {x.mean():.4g} over {len(x)} windows, CV {cv:.0%}: a stage can "
+        f"prove gains above ~{gain:.0%} (for smaller ones raise workload.window_s, "
+        f"study.baseline_measurements or study.repeats)"
+    )

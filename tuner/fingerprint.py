@@ -30,9 +30,7 @@ def _model_identity(model: str) -> dict[str, Any]:
     return {"model": model, "config_sha256": digest}
 
 
-def hardware(
-    device: str, gpus: list[dict[str, Any]], cpuinfo: Path = CPUINFO
-) -> dict[str, Any]:
+def hardware(device: str, gpus: list[dict[str, Any]], cpuinfo: Path = CPUINFO) -> dict[str, Any]:
     """The hardware half of a fingerprint: GPU names, or the CPU's model, kernel flags, cores."""
     if device == "cuda":
         return {"device": "cuda", "gpus": [g.get("name", "?") for g in gpus]}

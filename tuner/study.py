@@ -23,7 +23,7 @@ import optuna
 from optuna.trial import TrialState
 
 from tuner import search_space
-from tuner.acceptance import Decision, decide, mean_constraints, meets
+from tuner.acceptance import Decision, decide, mean_constraints, meets, resolution_line
 from tuner.config import TunerConfig
 from tuner.errors import StudyFailedError, TunerError
 from tuner.evaluation import Evaluated, Evaluator
@@ -185,7 +185,11 @@ class StudyRunner:
                      f"({len(done) + 1}/{want})")  # fmt: skip
             done.append(self._measure_baseline(study))
         self.baseline_ref = (study.study_name, done[-1].number)
-        return baseline_incumbent(done, self.evaluator.select_index)
+        baseline = baseline_incumbent(done, self.evaluator.select_index)
+        cfg = self.config.study
+        self.say(resolution_line(self.evaluator.select_by, baseline.samples, cfg.repeats,
+                                 cfg.min_gain))  # fmt: skip
+        return baseline
 
     def _measure_baseline(self, study: optuna.Study) -> optuna.trial.FrozenTrial:
         trial = study.ask()

@@ -2,10 +2,18 @@
 
 from __future__ import annotations
 
+import numpy as np
 import optuna
 import pytest
 
-from tuner.acceptance import Decision, decide, mean_constraints, meets
+from tuner.acceptance import (
+    Decision,
+    decide,
+    mean_constraints,
+    meets,
+    resolution_line,
+    resolvable_gain,
+)
 from tuner.objective import NO_DATA_VIOLATION
 from tuner.stage import Incumbent, stage_winner
 
@@ -94,3 +102,37 @@ def test_stage_winner_is_the_nearest_miss_only_against_an_infeasible_incumbent()
     assert stage_winner([far, near], 0, 1.0, _incumbent(0.1)) is None  # nothing nearer
     assert stage_winner([far, near], 0, 1.0, _incumbent(-0.1)) is None  # a feasible incumbent
     assert stage_winner([far, near], 0, 1.0) is None
+
+
+def _shaped(mean: float, deviations: list[float], sd: float) -> list[float]:
+    """Values with exactly this mean and sample standard deviation."""
+    z = np.asarray(deviations, float)
+    z = (z - z.mean()) / z.std(ddof=1)
+    return list(mean + sd * z)
+
+
+@pytest.mark.parametrize("repeats", [1, 2, 4])
+def test_resolvable_gain_is_the_rules_threshold_for_equally_noisy_sides(repeats: int) -> None:
+    baseline = _shaped(1000.0, [-1, 0, 1], 100.0)  # CV 10 %
+    gain = resolvable_gain(baseline, repeats, min_gain=0.0)
+    assert gain is not None and 0.05 < gain < 0.3
+    inc = _shaped(1000.0, list(range(3 + repeats)), 100.0)
+    for factor, accepted in ((1.01, True), (0.99, False)):
+        cand = _shaped(1000.0 * (1 + factor * gain), list(range(1 + repeats)), 100.0)
+        d = decide("b", "tok_s", "maximize", inc, cand, True, 0.0)
+        assert d.accepted is accepted
+
+
+def test_resolvable_gain_grows_with_noise_shrinks_with_repeats_and_respects_min_gain() -> None:
+    quiet, noisy = _shaped(1000, [-1, 0, 1], 20), _shaped(1000, [-1, 0, 1], 270)
+    assert resolvable_gain(quiet, 2, 0.0) < resolvable_gain(noisy, 2, 0.0)  # type: ignore[operator]
+    assert resolvable_gain(noisy, 8, 0.0) < resolvable_gain(noisy, 2, 0.0)  # type: ignore[operator]
+    assert resolvable_gain(quiet, 2, 0.25) == 0.25
+    assert resolvable_gain([1000.0], 2, 0.0) is None
+    assert resolvable_gain([1000.0, float("inf")], 2, 0.0) is None
+
+
+def test_resolution_line_states_the_spread_and_what_to_raise() -> None:
+    line = resolution_line("output_token_rate", _shaped(3000, [-1, 0, 1], 810), 2, 0.02)
+    assert "CV 27%" in line and "above ~" in line and "workload.window_s" in line
+    assert "unknown" in resolution_line("output_token_rate", [3000.0], 2, 0.02)
