@@ -35,6 +35,11 @@ from tuner.records import (
 pytestmark = pytest.mark.integration
 
 TTFT, ITL, N_OUT = 0.2, 0.02, 16
+# What a request's HTTP round trip through requests/gevent adds to its TTFT: 1.7-6.3 ms at the
+# median, up to 7.5 ms at P90 with 6 closed-loop users, on the 2-core AMX VM (under 5 ms on the
+# AVX-512 one). Half a token gap: a timestamp taken at the wrong event (a token early or late,
+# the role-only chunk, the headers) is off by >= ITL and still fails.
+OVERHEAD = ITL / 2
 KEY, MODEL = "sk-test", "fake-model"
 
 Run = tuple[LoadResult, list[RequestRecord]]
@@ -117,20 +122,24 @@ def test_closed_loop_ttft_and_itl_are_accurate(closed_run: Run, fake: FakeServer
     assert abs(np.median(server_ttft) - TTFT) < 0.002 and abs(np.median(server_itl) - ITL) < 0.001
     for q in (50, 90):
         error = np.percentile(ttft, q) - np.percentile(server_ttft, q)
-        assert 0 <= error < 0.005, f"TTFT P{q} off by {error * 1000:.2f} ms"
-    assert abs(np.median(ttft) - TTFT) < 0.005
+        assert 0 <= error < OVERHEAD, f"TTFT P{q} off by {error * 1000:.2f} ms"
+    assert abs(np.median(ttft) - TTFT) < OVERHEAD
     assert abs(np.median(itl) - ITL) < 0.002
     assert {len(r.itl_s) for r in ok} == {N_OUT - 1}
     assert {r.output_tokens for r in ok} == {N_OUT} and all(r.prompt_tokens for r in ok)
     e2e = np.array([r.e2e_s for r in ok])
-    assert abs(np.median(e2e) - (TTFT + (N_OUT - 1) * ITL)) < 0.006
+    server_e2e = np.array([t.first_token_s + sum(t.gaps_s) for t in fake.timings])
+    # E2E also carries the client's lag behind a burst of events (6 streams' events parsed on
+    # one core): 9.6-11.6 ms on the AMX VM. Under a token gap: the last token's event, not the
+    # one before it (-ITL) or after it (+ITL).
+    assert 0 <= np.median(e2e) - np.median(server_e2e) < ITL
 
 
 def test_both_apis_are_measured_alike(closed_run: Run) -> None:
     ok = _measured_ok(closed_run[1])
     for api in ("completions", "chat"):  # chat's role-only chunk must not count as a token
         ttft = [r.ttft_s or 0.0 for r in ok if r.api == api]
-        assert len(ttft) >= 20 and abs(np.median(ttft) - TTFT) < 0.005
+        assert len(ttft) >= 20 and abs(np.median(ttft) - TTFT) < OVERHEAD
 
 
 def test_warmup_is_tagged_and_the_window_drains(closed_run: Run) -> None:
@@ -193,7 +202,7 @@ def test_open_loop_reaches_the_asked_rate(fake: FakeServer, tok_dir: str, tmp_pa
     assert (len(sent) - 1) / (sent[-1] - sent[0]) == pytest.approx(20.0, rel=0.05)
     lag = np.array([r.sent_at - r.scheduled_at for r in measured])
     assert lag.min() >= 0 and np.median(lag) < 0.005 and np.percentile(lag, 90) < 0.02
-    assert abs(np.median([r.ttft_s for r in measured]) - TTFT) < 0.005
+    assert abs(np.median([r.ttft_s for r in measured]) - TTFT) < OVERHEAD
 
 
 def test_several_client_processes(fake: FakeServer, tok_dir: str, tmp_path: Path) -> None:
@@ -204,7 +213,7 @@ def test_several_client_processes(fake: FakeServer, tok_dir: str, tmp_path: Path
     assert {r.request_id.split("-")[0] for r in records} == {str(p) for p in result.client_pids[1:]}
     measured = _measured_ok(records)
     assert all(r.ok for r in records) and 0.8 * 4 * 3 / 0.5 <= len(measured) <= 4 * 3 / 0.5 + 4
-    assert abs(np.median([r.ttft_s or 0.0 for r in measured]) - TTFT) < 0.005
+    assert abs(np.median([r.ttft_s or 0.0 for r in measured]) - TTFT) < OVERHEAD
     assert _locust_count(result) == len(records)  # the workers' final reports reached the master
 
 
