@@ -94,6 +94,11 @@ def _sem2(values: np.ndarray) -> float:
         return float(np.var(values, ddof=1) / len(values))
 
 
+def _two_se(sem2_a: float, sem2_b: float) -> float:
+    """The rule's noise: two standard errors of a difference of two means."""
+    return 2.0 * float(np.sqrt(sem2_a + sem2_b))
+
+
 def decide(
     stage: str,
     objective: str,
@@ -118,7 +123,7 @@ def decide(
         return decision
     decision.incumbent_mean, decision.candidate_mean = float(inc.mean()), float(cand.mean())
     decision.gain = sign * (decision.candidate_mean - decision.incumbent_mean)
-    decision.noise = 2.0 * float(np.sqrt(_sem2(inc) + _sem2(cand)))
+    decision.noise = _two_se(_sem2(inc), _sem2(cand))
     decision.threshold = max(decision.noise, min_gain * abs(decision.incumbent_mean))
     if not candidate_feasible:
         decision.reason = "candidate violated an SLO on the mean of its repeats, or a repeat failed"
@@ -146,8 +151,8 @@ def resolvable_gain(samples: Sequence[float], repeats: int, min_gain: float) -> 
     if len(x) < 2 or not np.all(np.isfinite(x)) or x.mean() == 0:
         return None
     var = float(np.var(x, ddof=1))
-    noise = 2.0 * np.sqrt(var / (len(x) + repeats) + var / (1 + repeats))
-    return max(float(noise / abs(x.mean())), min_gain)
+    noise = _two_se(var / (len(x) + repeats), var / (1 + repeats))
+    return max(noise / abs(float(x.mean())), min_gain)
 
 
 def resolution_line(objective: str, samples: Sequence[float], repeats: int, min_gain: float) -> str:
