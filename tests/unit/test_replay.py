@@ -52,6 +52,11 @@ def test_replay_on_synthetic_table(replay: ModuleType, tmp_path: Path) -> None:
         assert all(0.0 <= r[f"hv_at_{t}"] <= 1.0 + 1e-9 for t in HV_AT)
         t97 = r["trials_to_97"]
         assert t97 is None or 1 <= t97 <= r["launches"]
+        # With a stored baseline the same run costs its baseline launches less, never below 0.
+        b = r["baseline_launches"]
+        assert b == (3 if r["strategy"] in ("staged_tpe", "joint_random") else 0)
+        warm = r["trials_to_97_stored_baseline"]
+        assert warm == (None if t97 is None else max(0, t97 - b))
     grid_runs = [r for r in runs if r["strategy"] == "grid"]
     for r in grid_runs:
         assert r["launches"] == 9
@@ -68,6 +73,27 @@ def test_replay_on_synthetic_table(replay: ModuleType, tmp_path: Path) -> None:
     assert summary["grid"]["reached_97"] == "3/3"
     assert summary["grid"]["final_feasible"] == "3/3"
     assert not math.isnan(summary["staged_tpe"]["median_final_score"])
+    # The budget is 10 % of 9 launches, i.e. 1; the grid walk has no baseline to store.
+    assert summary["grid"]["reached_97_in_1_stored_baseline"] == summary["grid"]["reached_97_in_1"]
+    staged = [r for r in runs if r["strategy"] == "staged_tpe"]
+    warm_in_1 = sum(1 for r in staged if (r["trials_to_97_stored_baseline"] or 99) <= 1)
+    assert summary["staged_tpe"]["reached_97_in_1_stored_baseline"] == f"{warm_in_1}/3"
+
+
+def test_a_stored_baseline_saves_the_first_launches_only(replay: ModuleType) -> None:
+    from benchmarks.scoring import Launch, RunTrace, baseline_launches, without_baseline
+
+    def trace(*labels: str) -> RunTrace:
+        measured = replay.Measured(True, "", *[1.0] * 6, 100.0, 1.0, 0.0, 10, 0)
+        return RunTrace("s", 0, [Launch(label, (1,), measured) for label in labels])
+
+    assert baseline_launches(trace("baseline", "baseline", "runtime", "runtime-confirm")) == 2
+    assert baseline_launches(trace("grid", "grid")) == 0
+    with pytest.raises(ValueError, match="baseline launch after the search"):
+        baseline_launches(trace("baseline", "runtime", "baseline"))
+    assert without_baseline(8, 3) == 5
+    assert without_baseline(2, 3) == 0  # the stored baseline itself is the answer
+    assert without_baseline(None, 3) is None
 
 
 def test_explain_prints_every_launch_and_each_stage_decision(
