@@ -62,7 +62,7 @@ from tuner.loadgen.workload import build_plan  # noqa: E402
 from tuner.measure import Measurements, measure  # noqa: E402
 from tuner.records import RequestRecord, read_records  # noqa: E402
 from tuner.server import LaunchSpec, make_backend  # noqa: E402
-from tuner.telemetry.metrics import counter_deltas, scrape  # noqa: E402
+from tuner.telemetry.metrics import counter_deltas, histogram_means, scrape  # noqa: E402
 
 DEFAULT_OUT = ROOT / "benchmarks" / "results"
 METRICS = ("ttft", "tpot", "e2e")
@@ -145,8 +145,8 @@ def run_vllm_bench(
     spans = [(s, s + x) for s, x in zip(r["start_times"], r["latencies"], strict=True) if x]
     row["steady_inflight"] = steady_inflight(spans)
     for m in METRICS:
-        for p in ("p50", "p99"):
-            key = f"median_{VLLM_NAME[m]}_ms" if p == "p50" else f"p99_{VLLM_NAME[m]}_ms"
+        for p in ("mean", "p50", "p99"):
+            key = f"{'median' if p == 'p50' else p}_{VLLM_NAME[m]}_ms"
             row[f"{p}_{m}_s"] = float(r[key]) / 1000
     return row
 
@@ -165,7 +165,9 @@ def run_ours(
     row["client_cpu_s"] = client_cpu_s
     for name in METRICS:
         stats = getattr(m, name)
-        row[f"p50_{name}_s"], row[f"p99_{name}_s"] = stats.p50, stats.p99
+        row[f"mean_{name}_s"], row[f"p50_{name}_s"], row[f"p99_{name}_s"] = (
+            stats.mean, stats.p50, stats.p99
+        )
     done = [r for r in records if r.ok and r.e2e_s is not None]
     span = max(r.sent_at + (r.e2e_s or 0) for r in done) - min(r.sent_at for r in done)
     row["output_tok_s_aligned"] = sum(r.output_tokens or 0 for r in done) / span
@@ -267,15 +269,30 @@ def ab_rounds(
                 run_vllm_bench(args, target, out, seed, prompts) if who == "vllm"
                 else run_ours(target, wl, out, seed, prompts)
             )  # fmt: skip
-            after = scrape(target.base_url, target.api_key)
-            row[who]["prefix_cache_hit_rate"] = counter_deltas(before, after).get(
-                "prefix_cache_hit_rate", math.nan
-            )
+            row[who].update(server_view(row[who], before, scrape(target.base_url, target.api_key)))
             print(f"round {rnd} {who}: {_fmt(row[who])} ({time.monotonic() - t0:.0f} s)",
                   flush=True)  # fmt: skip
         row["ratio"] = ratios(row["ours"], row["vllm"])
         pairs.append(row)
     return pairs
+
+
+def server_view(
+    client: dict[str, float], before: dict[str, float], after: dict[str, float]
+) -> dict[str, float]:
+    """What the server saw of the same requests, from its /metrics before and after the run:
+    the prefix-cache hit rate, its own mean TTFT, TPOT and E2E, and the client's mean of each
+    over the server's (``tpot_over_server`` 1.0: the client timed what the server did). A
+    difference between the clients that the server saw too is the server's, not a client's."""
+    out = {"prefix_cache_hit_rate": counter_deltas(before, after).get("prefix_cache_hit_rate",
+                                                                        math.nan)}  # fmt: skip
+    means = histogram_means(before, after)
+    for m in METRICS:
+        server = means.get(f"server_{m}_mean_s")
+        if server:
+            out[f"server_{m}_mean_s"] = server
+            out[f"{m}_over_server"] = client[f"mean_{m}_s"] / server
+    return out
 
 
 def ratios(ours: dict[str, float], vllm: dict[str, float]) -> dict[str, float]:

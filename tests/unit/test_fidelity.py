@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import subprocess
 import sys
@@ -15,7 +16,7 @@ import pytest
 
 from benchmarks import fidelity
 from tuner.loadgen import Target
-from tuner.telemetry.metrics import COUNTERS, counter_deltas
+from tuner.telemetry.metrics import COUNTERS, HISTOGRAMS, counter_deltas
 
 # A parent that starts a child and a thread of its own, then waits: a small process tree.
 TREE = (
@@ -90,6 +91,21 @@ def test_hit_rate_is_the_share_of_queried_prefix_tokens_hit_between_two_scrapes(
     after = counter_deltas(before, {hits: 130.0, queries: 1100.0})
     assert after["prefix_cache_hit_rate"] == pytest.approx(0.3)
     assert "prefix_cache_hit_rate" not in counter_deltas(before, dict(before))  # nothing queried
+
+
+def test_the_server_view_divides_each_client_mean_by_the_servers_own() -> None:
+    tpot, e2e = HISTOGRAMS["server_tpot_mean_s"], HISTOGRAMS["server_e2e_mean_s"]
+    before = {f"{tpot}_sum": 1.0, f"{tpot}_count": 10.0, f"{e2e}_sum": 5.0, f"{e2e}_count": 10.0}
+    # 320 requests: the server's mean TPOT 20 ms and mean E2E 1.5 s; no new TTFT observations.
+    after = {f"{tpot}_sum": 1.0 + 320 * 0.020, f"{tpot}_count": 330.0,
+             f"{e2e}_sum": 5.0 + 320 * 1.5, f"{e2e}_count": 330.0}  # fmt: skip
+    client = {"mean_ttft_s": 0.2, "mean_tpot_s": 0.022, "mean_e2e_s": 1.5}
+    view = fidelity.server_view(client, before, after)
+    assert view["server_tpot_mean_s"] == pytest.approx(0.020)
+    assert view["tpot_over_server"] == pytest.approx(1.1)  # the client read 10 % slower
+    assert view["e2e_over_server"] == pytest.approx(1.0)
+    assert "ttft_over_server" not in view and "server_ttft_mean_s" not in view
+    assert math.isnan(view["prefix_cache_hit_rate"])  # nothing queried
 
 
 def test_own_prompts_give_vllm_bench_its_random_dataset() -> None:

@@ -153,11 +153,7 @@ class MetricsPoller(PeriodicSampler):
         for name in COUNTERS.values():
             if name in first and name in last and _delta(first, last, name) is None:
                 self._note(f"{name} went down (server restarted?)")
-        for key, name in HISTOGRAMS.items():
-            count = _delta(first, last, f"{name}_count")
-            total = _delta(first, last, f"{name}_sum")
-            if count and total is not None:
-                out[key] = total / count
+        out.update(histogram_means(first, last))
         return out
 
 
@@ -172,6 +168,18 @@ def counter_deltas(first: dict[str, float], last: dict[str, float]) -> dict[str,
     queries = out.get("prefix_cache_queries", 0.0)
     if queries > 0:
         out["prefix_cache_hit_rate"] = out.get("prefix_cache_hits", 0.0) / queries
+    return out
+
+
+def histogram_means(first: dict[str, float], last: dict[str, float]) -> dict[str, float]:
+    """The server's own mean latencies between two scrapes (keyed as in HISTOGRAMS): each
+    histogram's delta sum over its delta count; one with no new observations is left out."""
+    out: dict[str, float] = {}
+    for key, name in HISTOGRAMS.items():
+        count = _delta(first, last, f"{name}_count")
+        total = _delta(first, last, f"{name}_sum")
+        if count and total is not None:
+            out[key] = total / count
     return out
 
 
