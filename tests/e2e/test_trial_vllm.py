@@ -52,6 +52,11 @@ def test_trial_cli_default_workload_percentiles_equal_numpy(
             assert m[key][f"p{q}"] == pytest.approx(np.percentile(values, q), rel=1e-12)
     out_tokens = sum(r.output_tokens or 0 for r in done)
     assert m["output_throughput"] == pytest.approx(out_tokens / m["window_s"], rel=1e-9)
+    # The client timed what the server did: its mean TPOT against vLLM's own histogram over
+    # the same window (a healthy client reads 0.998-1.001 of it, benchmarks/README.md §10).
+    ratios = result["telemetry"]["client_over_server"]
+    assert 0.95 <= ratios["tpot"] <= 1.05, ratios
+    assert result["telemetry"]["client_lagging"] is False
     assert result["server"]["kv_cache_tokens"] > 0
     assert (folder / "server.log").stat().st_size > 0
     assert port_is_free("127.0.0.1", int(result["server"]["base_url"].rsplit(":", 1)[1]))
