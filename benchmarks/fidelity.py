@@ -62,7 +62,12 @@ from tuner.loadgen.workload import build_plan  # noqa: E402
 from tuner.measure import Measurements, measure  # noqa: E402
 from tuner.records import RequestRecord, read_records  # noqa: E402
 from tuner.server import LaunchSpec, make_backend  # noqa: E402
-from tuner.telemetry.metrics import counter_deltas, histogram_means, scrape  # noqa: E402
+from tuner.telemetry.metrics import (  # noqa: E402
+    counter_deltas,
+    histogram_means,
+    over_server,
+    scrape,
+)
 
 DEFAULT_OUT = ROOT / "benchmarks" / "results"
 METRICS = ("ttft", "tpot", "e2e")
@@ -287,11 +292,10 @@ def server_view(
     out = {"prefix_cache_hit_rate": counter_deltas(before, after).get("prefix_cache_hit_rate",
                                                                         math.nan)}  # fmt: skip
     means = histogram_means(before, after)
-    for m in METRICS:
-        server = means.get(f"server_{m}_mean_s")
-        if server:
-            out[f"server_{m}_mean_s"] = server
-            out[f"{m}_over_server"] = client[f"mean_{m}_s"] / server
+    ratios = over_server({m: client[f"mean_{m}_s"] for m in METRICS}, means)
+    for m, ratio in ratios.items():
+        out[f"server_{m}_mean_s"] = means[f"server_{m}_mean_s"]
+        out[f"{m}_over_server"] = ratio
     return out
 
 

@@ -149,6 +149,8 @@ class TelemetryConfig:
     nvml: bool = True  # sampled only when GPUs exist
     metrics_interval_s: float = 2.0
     client_saturation_cpu: float = 0.9  # fraction of one core
+    # The client's mean TPOT over the server's own above which a trial warns that it lags.
+    client_lag_ratio: float = 1.10
 
 
 @dataclass

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 CLIENT_SATURATED = "client_saturated"
+CLIENT_LAGGING = "client_lagging"
 KV_CACHE_PRESSURE = "kv_cache_pressure"
 QUEUEING = "queueing"
 COMPUTE_BOUND = "compute_bound"
@@ -71,6 +72,12 @@ RULES: tuple[Rule, ...] = (
         "the load generator ran out of CPU: the numbers measure the client, not the server",
         (Check("client_saturated", ">=", 1.0), Check("client_busiest_cores", ">=", 0.9)),
         any_of=True,
+    ),
+    Rule(
+        CLIENT_LAGGING,
+        "the client read tokens later than the server sent them (its mean TPOT over the "
+        "server's own): the latencies measure the client, not the server",
+        (Check("client_tpot_over_server", ">=", 1.0), Check("client_lagging", ">=", 1.0)),
     ),
     Rule(
         KV_CACHE_PRESSURE,
@@ -140,6 +147,8 @@ def signals(telemetry: Mapping[str, Any], cores: float) -> dict[str, float]:
     raw: dict[str, Any] = {
         "client_saturated": 1.0 if telemetry.get("client_saturated") else 0.0,
         "client_busiest_cores": process.get("client_busiest_proc_cores"),
+        "client_lagging": 1.0 if telemetry.get("client_lagging") else 0.0,
+        "client_tpot_over_server": (telemetry.get("client_over_server") or {}).get("tpot"),
         "kv_usage_max": metrics.get("kv_cache_usage_max"),
         "preemptions": metrics.get("preemptions"),
         "waiting_mean": metrics.get("num_requests_waiting_mean"),

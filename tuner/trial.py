@@ -29,6 +29,7 @@ from tuner.records import read_records
 from tuner.server import LaunchSpec, ServerBackend, ServerInfo, make_backend
 from tuner.server.base import REASON_DIED_DURING_LOAD
 from tuner.telemetry import Telemetry
+from tuner.telemetry.metrics import client_lag_warning, over_server
 
 STATUS_OK = "ok"
 STATUS_FAILED = "failed"
@@ -162,6 +163,7 @@ def _run_phases(
     with clock.phase("analysis"):
         records = read_records(result.records_path)
         m = measure(records, result.window_start, result.window_end, config.slo)
+        _compare_clocks(m, summary, config.telemetry.client_lag_ratio)
     outcome.measurements = m.to_dict()
     outcome.window = {"start": result.window_start, "end": result.window_end}
     outcome.telemetry = summary
@@ -170,6 +172,18 @@ def _run_phases(
         _fail(outcome, REASON_NO_COMPLETED, f"no request completed in the window ({errors})", "")
         return
     outcome.status = STATUS_OK
+
+
+def _compare_clocks(m: Measurements, telemetry: dict[str, Any], limit: float) -> None:
+    """The client's mean latencies over the server's own for the window (telemetry
+    ``client_over_server``); a lagging client is flagged (``client_lagging``) and warned about."""
+    means = {kind: getattr(m, kind).mean for kind in ("ttft", "tpot", "e2e")}
+    ratios = over_server(means, telemetry.get("metrics") or {})
+    warning = client_lag_warning(ratios, limit)
+    telemetry["client_over_server"] = {k: round(v, 4) for k, v in ratios.items()}
+    telemetry["client_lagging"] = warning is not None
+    if warning:
+        m.warnings.append(warning)
 
 
 def _load(

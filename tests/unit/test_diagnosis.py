@@ -48,6 +48,9 @@ def telemetry(**changes: Any) -> dict[str, Any]:
         ({"process__server_cpu_mean_cores": 0.3}, 2, dg.UNDER_FED),
         ({"gpu": {"util_mean_pct": 97.0}}, 2, dg.COMPUTE_BOUND),  # GPU util wins over CPU
         ({"gpu": {"util_mean_pct": 20.0}}, 2, dg.UNDER_FED),
+        ({"client_lagging": True, "client_over_server": {"tpot": 1.3}}, 2, dg.CLIENT_LAGGING),
+        # a ratio under the trial's limit was not flagged: no lag, whatever the number
+        ({"client_lagging": False, "client_over_server": {"tpot": 1.05}}, 2, dg.BALANCED),
     ],
 )
 def test_each_rule_fires_on_its_signal(

@@ -344,3 +344,16 @@ def test_telemetry_facade_end_to_end(metrics_server: tuple[str, Any], tmp_path: 
     assert {"process", "metrics"} <= set(frame["source"])
     assert {"server", "client"} <= set(frame.loc[frame["source"] == "process", "entity"])
     assert frame["t"].is_monotonic_increasing
+
+
+def test_client_means_over_the_servers_own_and_the_lag_warning() -> None:
+    from tuner.telemetry.metrics import client_lag_warning, over_server
+
+    server = {"server_tpot_mean_s": 0.020, "server_e2e_mean_s": 1.5, "server_ttft_mean_s": 0.0}
+    ratios = over_server({"ttft": 0.2, "tpot": 0.025, "e2e": 1.53, "itl": None}, server)
+    # TTFT: the server saw none (a 0 mean is no observation); ITL: the client has none.
+    assert ratios == pytest.approx({"tpot": 1.25, "e2e": 1.02})
+    warning = client_lag_warning(ratios, 1.10)
+    assert warning is not None and "1.25x the server's own" in warning
+    assert client_lag_warning({"tpot": 1.099, "e2e": 1.5}, 1.10) is None  # E2E does not judge
+    assert client_lag_warning({}, 1.10) is None  # no /metrics: nothing to compare

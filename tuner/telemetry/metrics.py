@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Mapping
 
 import pandas as pd
 
@@ -181,6 +182,37 @@ def histogram_means(first: dict[str, float], last: dict[str, float]) -> dict[str
         if count and total is not None:
             out[key] = total / count
     return out
+
+
+def over_server(
+    client_means: Mapping[str, float | None], server: Mapping[str, float]
+) -> dict[str, float]:
+    """Each of the client's mean latencies (``ttft``, ``tpot``, ``e2e``) over the server's own
+    mean of the same kind over the same window (``server_<kind>_mean_s``, from
+    :func:`histogram_means`): 1.0 when the client timed what the server did. A kind that either
+    side lacks is left out."""
+    out: dict[str, float] = {}
+    for kind, mean in client_means.items():
+        own = server.get(f"server_{kind}_mean_s")
+        if mean is not None and own:
+            out[kind] = mean / own
+    return out
+
+
+def client_lag_warning(ratios: Mapping[str, float], limit: float) -> str | None:
+    """A warning when the client read tokens markedly later than the server produced them.
+
+    TPOT is the judge: the server's decode pace, free of the HTTP and tokenization time that
+    TTFT and E2E legitimately add on the client's side (measured within 0.2 % for a healthy
+    client, benchmarks/README.md §10)."""
+    ratio = ratios.get("tpot")
+    if ratio is None or ratio < limit:
+        return None
+    return (
+        f"the client's mean TPOT is {ratio:.2f}x the server's own (vLLM /metrics): it read "
+        "tokens later than the server sent them, so its latencies measure the client; give it "
+        "more CPU (workload.processes, other cores) or a shorter network path"
+    )
 
 
 def _delta(first: dict[str, float], last: dict[str, float], name: str) -> float | None:
