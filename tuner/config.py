@@ -152,6 +152,16 @@ class TelemetryConfig:
     # The client's mean TPOT over the server's own above which a trial warns that it lags.
     client_lag_ratio: float = 1.10
 
+    def validate(self) -> None:
+        if self.interval_s <= 0 or self.metrics_interval_s <= 0:
+            raise ConfigError("telemetry: interval_s and metrics_interval_s must be > 0")
+        if not 0 < self.client_saturation_cpu <= 1 or self.client_lag_ratio <= 1:
+            raise ConfigError(
+                "telemetry: client_saturation_cpu must be in (0, 1] (of one core) and "
+                f"client_lag_ratio > 1 (a client cannot read tokens sooner than they are sent), "
+                f"got {self.client_saturation_cpu} and {self.client_lag_ratio}"
+            )
+
 
 @dataclass
 class ParamSpec:
@@ -335,6 +345,7 @@ class TunerConfig:
         self.server.validate()
         self.workload.validate()
         self.quality.validate()
+        self.telemetry.validate()
         self.study.validate(sorted(self.search_space))
 
 
