@@ -109,8 +109,8 @@ GRIDS: dict[str, Grid] = {
         csv=DATA / "grid_vllm_cpu.csv",
         label={"max_num_seqs": "s", "max_num_batched_tokens": "b", "enforce_eager": ""},
     ),
-    # The batching axes at a finer step (a bigger landscape, where 10 % of the grid is 5
-    # launches): the replay's question is whether search still finds the best in 50 points.
+    # The batching axes at a finer step (a bigger landscape: 10 % of its 48 grid points is 4
+    # launches, twice a 24-point grid's budget for the target).
     "batching_fine": Grid(
         axes={
             "max_num_seqs": [4, 8, 16, 32, 64, 256],
