@@ -149,7 +149,8 @@ class TelemetryConfig:
     nvml: bool = True  # sampled only when GPUs exist
     metrics_interval_s: float = 2.0
     client_saturation_cpu: float = 0.9  # fraction of one core
-    # The client's mean TPOT over the server's own above which a trial warns that it lags.
+    # The client's mean E2E over vLLM's own at or above which (or its mean TPOT outside
+    # 1/ratio..ratio) a trial warns that its latencies include time outside vLLM's engine.
     client_lag_ratio: float = 1.10
 
     def validate(self) -> None:

@@ -52,13 +52,18 @@ def test_trial_cli_default_workload_percentiles_equal_numpy(
             assert m[key][f"p{q}"] == pytest.approx(np.percentile(values, q), rel=1e-12)
     out_tokens = sum(r.output_tokens or 0 for r in done)
     assert m["output_throughput"] == pytest.approx(out_tokens / m["window_s"], rel=1e-9)
-    # The client timed what the server did: its mean TPOT against vLLM's own histogram over
-    # the same window. Pinned to its own core a client read 0.998-1.012 of it (benchmarks/
-    # README.md §10); sharing 2 cores with vLLM and a busy neighbour, 1.026. Under 0.9 the
-    # two are not the same quantity; at the lag limit (1.10) the trial would have warned.
+    # The client timed what the server did, or the trial says it did not: its mean TPOT and
+    # E2E against vLLM's own histograms over the same window. Pinned to its own core a client
+    # read TPOT 0.998-1.012 of it (benchmarks/README.md §10); sharing 2 cores with vLLM, 1.026
+    # on a Skylake VM; on a Zen 5 VM, where vLLM's processes held 1.9 of the 2 cores, E2E
+    # 2.0-3.5 and TPOT 0.69-0.91 in 4 runs of 5: flagged, with the warning.
     ratios = result["telemetry"]["client_over_server"]
-    assert 0.90 <= ratios["tpot"] < 1.10, ratios
-    assert result["telemetry"]["client_lagging"] is False
+    assert {"ttft", "tpot", "e2e"} <= set(ratios), ratios  # vLLM's /metrics were read
+    assert ratios["e2e"] > 0.95, ratios  # a client cannot finish before the server did
+    agrees = 1 / 1.10 < ratios["tpot"] < 1.10 and ratios["e2e"] < 1.10
+    assert result["telemetry"]["client_lagging"] is not agrees, ratios
+    lag_warned = any("outside vLLM's engine" in w for w in m["warnings"])
+    assert lag_warned is not agrees, m["warnings"]
     assert result["server"]["kv_cache_tokens"] > 0
     assert (folder / "server.log").stat().st_size > 0
     assert port_is_free("127.0.0.1", int(result["server"]["base_url"].rsplit(":", 1)[1]))

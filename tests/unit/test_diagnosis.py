@@ -49,6 +49,12 @@ def telemetry(**changes: Any) -> dict[str, Any]:
         ({"gpu": {"util_mean_pct": 97.0}}, 2, dg.COMPUTE_BOUND),  # GPU util wins over CPU
         ({"gpu": {"util_mean_pct": 20.0}}, 2, dg.UNDER_FED),
         ({"client_lagging": True, "client_over_server": {"tpot": 1.3}}, 2, dg.CLIENT_LAGGING),
+        # tokens in bursts: TPOT under vLLM's own, E2E far over it (flagged by the trial)
+        (
+            {"client_lagging": True, "client_over_server": {"tpot": 0.71, "e2e": 3.48}},
+            2,
+            dg.CLIENT_LAGGING,
+        ),
         # a ratio under the trial's limit was not flagged: no lag, whatever the number
         ({"client_lagging": False, "client_over_server": {"tpot": 1.05}}, 2, dg.BALANCED),
     ],
