@@ -295,10 +295,18 @@ def _summary_line(outcome: TrialOutcome) -> str:
     if not outcome.ok:
         return f"trial {outcome.trial_id} FAILED ({outcome.reason}): {outcome.message}"
     m = outcome.measurements  # ok implies completed requests, so the P99 exists
-    return (
+    line = (
         f"trial {outcome.trial_id} ok: {m['completed']} requests, "
         f"P99 E2E {m['e2e']['p99']:.3f} s, {m['output_throughput']:.0f} output tok/s"
     )
+    # Shown with the result, not only in result.json: a study's numbers are not the engine's.
+    if (outcome.telemetry or {}).get("client_lagging"):
+        ratios = outcome.telemetry["client_over_server"]
+        line += (
+            f"; clock check: E2E {ratios.get('e2e', 0):.2f}x vLLM's own, the latencies "
+            "include time outside its engine (result.json warnings)"
+        )
+    return line
 
 
 __all__ = ["REASON_DIED_DURING_LOAD", "TrialOutcome", "run_trial"]

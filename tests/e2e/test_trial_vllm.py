@@ -20,7 +20,7 @@ def _config(tmp_path: Path, *overrides: str):  # type: ignore[no-untyped-def]
 
 
 def test_trial_cli_default_workload_percentiles_equal_numpy(
-    tmp_path: Path, tiny_model: Path, no_leftovers: None
+    tmp_path: Path, tiny_model: Path, no_leftovers: None, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """`tuner trial` with the quickstart workload: >= 300 requests, exact stats."""
     from tuner.cli import main
@@ -64,6 +64,7 @@ def test_trial_cli_default_workload_percentiles_equal_numpy(
     assert result["telemetry"]["client_lagging"] is not agrees, ratios
     lag_warned = any("outside vLLM's engine" in w for w in m["warnings"])
     assert lag_warned is not agrees, m["warnings"]
+    assert ("clock check: E2E" in capsys.readouterr().err) is not agrees  # shown as it ran
     assert result["server"]["kv_cache_tokens"] > 0
     assert (folder / "server.log").stat().st_size > 0
     assert port_is_free("127.0.0.1", int(result["server"]["base_url"].rsplit(":", 1)[1]))
