@@ -127,7 +127,10 @@ def _print_plan(config: TunerConfig, argv: list[str]) -> int:
 
     import yaml
 
+    from tuner.placement import for_trial
+
     print("vLLM command:\n  " + shlex.join(argv))
+    print(f"CPUs: {for_trial(config).describe()}")
     env = {**config.server.env}
     if env:
         print("environment:\n  " + " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items()))

@@ -165,6 +165,19 @@ class TelemetryConfig:
 
 
 @dataclass
+class PlacementConfig:
+    """Which CPUs the server and the load generator run on (tuner.placement).
+
+    Each side takes ``auto``, ``all`` (not pinned) or a CPU list such as ``0-6``. ``auto`` keeps
+    the client off the engine's cores on a CPU server (the last ``workload.processes`` CPUs for
+    the client, the rest for vLLM) and pins nothing on a GPU host.
+    """
+
+    server_cpus: str = "auto"
+    client_cpus: str = "auto"
+
+
+@dataclass
 class ParamSpec:
     """One tunable parameter, as data (DESIGN.md §5).
 
@@ -325,6 +338,7 @@ class TunerConfig:
     workload: WorkloadConfig = field(default_factory=WorkloadConfig)
     slo: SloConfig = field(default_factory=SloConfig)
     telemetry: TelemetryConfig = field(default_factory=TelemetryConfig)
+    placement: PlacementConfig = field(default_factory=PlacementConfig)
     study: StudyConfig = field(default_factory=StudyConfig)
     search_space: dict[str, dict[str, ParamSpec]] = field(default_factory=dict)
     objectives: ObjectivesConfig = field(default_factory=ObjectivesConfig)
@@ -348,6 +362,9 @@ class TunerConfig:
         self.quality.validate()
         self.telemetry.validate()
         self.study.validate(sorted(self.search_space))
+        from tuner import placement  # imports this module: a top-level import would be a cycle
+
+        placement.for_trial(self)
 
 
 def param_spec(spec: Any, where: str) -> ParamSpec:

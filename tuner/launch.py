@@ -15,3 +15,5 @@ class LaunchSpec:
 
     args: dict[str, Any] = field(default_factory=dict)
     env: dict[str, str] = field(default_factory=dict)
+    # CPUs the server's processes may run on; None = not pinned (set per trial: tuner.placement)
+    cpus: list[int] | None = None

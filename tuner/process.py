@@ -17,19 +17,38 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from tuner.placement import pin
 
-def spawn(argv: Sequence[str], env: Mapping[str, str], log_path: Path) -> subprocess.Popen[bytes]:
-    """Start ``argv`` in a new session with stdout+stderr appended to ``log_path``."""
+
+def spawn(
+    argv: Sequence[str],
+    env: Mapping[str, str],
+    log_path: Path,
+    cwd: Path | None = None,
+    cpus: Sequence[int] | None = None,
+) -> subprocess.Popen[bytes]:
+    """Start ``argv`` in a new session with stdout+stderr appended to ``log_path``, on ``cpus``
+    (None: any CPU)."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with log_path.open("ab") as log:
-        return subprocess.Popen(
+        proc = subprocess.Popen(
             list(argv),
+            cwd=cwd,
             env=dict(env),
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,  # own process group: group signals reach grandchildren
         )
+    # Popen returns once the child has exec'd; an interpreter needs tens of ms before it can
+    # start a thread or a child, which then inherit the mask (preexec_fn is unsafe in a
+    # threaded parent). What each side got is read back into result.json (tree_cpus).
+    try:
+        pin(proc.pid, cpus)
+    except OSError:
+        reap(proc, 1.0)
+        raise
+    return proc
 
 
 def _signal_group(pgid: int, sig: signal.Signals) -> bool:

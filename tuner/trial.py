@@ -14,10 +14,11 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from tuner import placement
 from tuner.config import TunerConfig
 from tuner.errors import ArtifactError, LoadGenError, ServerError
 from tuner.loadgen import LoadResult, Target, get_load_generator
@@ -56,6 +57,8 @@ class TrialOutcome:
     timings: dict[str, float] = field(default_factory=dict)
     window: dict[str, float] = field(default_factory=dict)  # wall-clock start/end
     quality: dict[str, Any] = field(default_factory=dict)  # tuner.quality: summary, then scores
+    # CPUs asked for each side (None = not pinned) and read back from the kernel
+    placement: dict[str, Any] = field(default_factory=dict)
     folder: str = ""
 
     @property
@@ -114,11 +117,14 @@ def run_trial(
     """Run one trial; always returns an outcome (and writes result.json)."""
     paths.ensure()
     clock = _Clock()
+    place = placement.for_trial(config, launch.env)
+    launch = replace(launch, cpus=list(place.server) if place.server else None)
     server = make_backend(config.server, launch, paths.server_log)
     outcome = TrialOutcome(trial_id, STATUS_FAILED, server.argv(), asdict(launch))
     outcome.folder = str(paths.root)
+    outcome.placement = {"server": place.server, "client": place.client}
     try:
-        _run_phases(config, server, paths, outcome, clock, progress)
+        _run_phases(config, server, place, paths, outcome, clock, progress)
     except ServerError as exc:
         _fail(outcome, exc.reason, exc.one_line(), exc.log_tail)
     except LoadGenError as exc:
@@ -140,20 +146,23 @@ def _fail(outcome: TrialOutcome, reason: str, message: str, log_tail: str) -> No
 def _run_phases(
     config: TunerConfig,
     server: ServerBackend,
+    place: placement.Placement,
     paths: TrialPaths,
     outcome: TrialOutcome,
     clock: _Clock,
     progress: Progress,
 ) -> None:
-    progress("starting server")
+    progress(f"starting server ({place.describe()})")
     planner = _plan_ahead(config)
     with clock.phase("startup"):
         server.start()
         info = server.wait_ready(time.monotonic() + config.server.startup_timeout_s)
     outcome.server = asdict(info)
+    outcome.placement["server_read_back"] = placement.tree_cpus(info.pid)
     progress(_ready_line(info))
     planner.join()  # done long before a server is ready; a wait here shows as unaccounted
-    result, summary = _load(config, server, info, paths, clock, progress)
+    result, summary, client_cpus = _load(config, server, info, place.client, paths, clock, progress)
+    outcome.placement["client_read_back"] = client_cpus
     if config.quality.enabled:  # after the window: never part of the measurement
         progress("quality set: greedy answers for the quality gate")
         with clock.phase("quality"):
@@ -190,24 +199,29 @@ def _load(
     config: TunerConfig,
     server: ServerBackend,
     info: ServerInfo,
+    client_cpus: tuple[int, ...] | None,
     paths: TrialPaths,
     clock: _Clock,
     progress: Progress,
-) -> tuple[LoadResult, dict[str, Any]]:
-    """Warm-up + window under telemetry, with a watchdog that stops the load if vLLM dies."""
+) -> tuple[LoadResult, dict[str, Any], list[int]]:
+    """Warm-up + window under telemetry, with a watchdog that stops the load if vLLM dies;
+    also returns the CPUs the client's processes were allowed, read back as they appeared."""
     target = _target(config, server, info)
     telemetry = Telemetry(config.telemetry, info.base_url, server.api_key, info.pid, None)
     watchdog = _Watchdog(server)
     wl = config.workload
     progress(f"load: warm-up {wl.warmup_s:g} s, window {wl.window_s:g} s ({_shape(config)})")
+    seen: set[int] = set()
     with clock.phase("load"), telemetry, watchdog:
 
         def on_spawn(pid: int) -> None:
             telemetry.watch_client(pid)
             watchdog.client_pids.append(pid)
+            seen.update(placement.tree_cpus(pid))
 
+        client = get_load_generator("locust")(cpus=client_cpus)
         try:
-            result = get_load_generator("locust")().run(target, wl, paths.loadgen_dir, on_spawn)
+            result = client.run(target, wl, paths.loadgen_dir, on_spawn)
         except LoadGenError:
             server.check_alive()  # a dead server explains a broken load run better
             raise
@@ -215,7 +229,7 @@ def _load(
     summary = telemetry.summary_dict((result.window_start, result.window_end))
     telemetry.write_csv(paths.telemetry_csv)
     _link_records(result, paths)
-    return result, summary
+    return result, summary, sorted(seen)
 
 
 def _plan_ahead(config: TunerConfig) -> threading.Thread:

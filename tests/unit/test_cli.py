@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -82,6 +83,8 @@ BAD_INPUT = [
     (["run", "study.repeats=-1"], "repeats"),
     (["run", "study.stages=[nope]"], "nope"),
     (["trial", "--no-such-flag"], "no-such-flag"),
+    (["trial", "placement.server_cpus=0-"], "placement.server_cpus='0-' is not a CPU list"),
+    (["run", "placement.client_cpus=99999"], "placement.client_cpus='99999' names CPUs 99999"),
     (["nonsense"], "nonsense"),
     ([], "required"),
 ]
@@ -114,6 +117,8 @@ def test_dry_run_prints_the_command_and_starts_nothing(
     assert rc == 0
     assert "vllm.entrypoints.openai.api_server" in out and "--max-num-seqs 16" in out
     assert "concurrency: 16" in out
+    if len(os.sched_getaffinity(0)) >= 2:  # the client on the last CPU, vLLM on the rest
+        assert f"client on {max(os.sched_getaffinity(0))}\n" in out
     assert not tmp_path.exists() or not any(tmp_path.iterdir())
 
 

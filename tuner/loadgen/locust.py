@@ -17,7 +17,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +25,7 @@ from tuner.config import WorkloadConfig
 from tuner.errors import ArtifactError, LoadGenError
 from tuner.loadgen.base import LoadResult, Target, register_load_generator
 from tuner.loadgen.workload import build_plan, write_plan
-from tuner.process import reap
+from tuner.process import reap, spawn
 from tuner.records import PHASE_MEASURE, PHASE_WARMUP, RequestRecord, read_records, write_records
 
 LOCUSTFILE = Path(__file__).with_name("locustfile.py")
@@ -65,10 +65,12 @@ class LocustLoadGenerator:
         python: str | None = None,
         locustfile: Path | None = None,
         slack_s: float = STARTUP_SLACK_S + EXIT_SLACK_S,
+        cpus: Sequence[int] | None = None,
     ) -> None:
         self.python = python or sys.executable  # the venv that has locust and tuner
         self.locustfile = locustfile or LOCUSTFILE
         self.slack_s = slack_s  # start-up and exit time allowed on top of the run itself
+        self.cpus = cpus  # the client's CPUs (tuner.placement); None = any
 
     # ------------------------------------------------------------------ public
     def run(
@@ -157,23 +159,14 @@ class LocustLoadGenerator:
             env[API_KEY_ENV] = target.api_key
         root = str(Path(__file__).resolve().parents[2])  # so the locustfile imports this tuner
         env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
-        with (out_dir / "locust.log").open("wb") as log:
-            try:
-                # cwd=out_dir: Locust must not pick up a locust.conf/pyproject.toml from the caller.
-                return subprocess.Popen(
-                    argv,
-                    cwd=out_dir,
-                    env=env,
-                    stdin=subprocess.DEVNULL,
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                    start_new_session=True,
-                )
-            except OSError as exc:
-                raise LoadGenError(
-                    f"cannot start Locust ({argv[0]}): {exc}",
-                    hint="check that the tuner venv's python has locust installed",
-                ) from exc
+        try:
+            # cwd=out_dir: Locust must not pick up a locust.conf/pyproject.toml from the caller.
+            return spawn(argv, env, out_dir / "locust.log", cwd=out_dir, cpus=self.cpus)
+        except OSError as exc:
+            raise LoadGenError(
+                f"cannot start Locust ({argv[0]}): {exc}",
+                hint="check that the tuner venv's python has locust installed",
+            ) from exc
 
     def _wait(
         self,

@@ -217,7 +217,9 @@ class VllmServer:
             log.write("$ " + " ".join(self.argv()) + "\n")
         self._started_at = time.monotonic()
         try:
-            self._proc = spawn(self.argv(), self.environment(), self.log_path)
+            self._proc = spawn(
+                self.argv(), self.environment(), self.log_path, cpus=self.launch.cpus
+            )
         except OSError as exc:
             raise ServerStartError(
                 f"cannot run {self.argv()[0]}: {exc.strerror}",
