@@ -17,6 +17,7 @@ import optuna
 from tuner import objective as obj
 from tuner.acceptance import meets
 from tuner.config import TunerConfig
+from tuner.placement import cpus_text
 from tuner.quality import context_excess, quality_attrs
 from tuner.server import LaunchSpec
 from tuner.space_checks import devices_needed
@@ -58,6 +59,7 @@ class Evaluated:
             "folder": o.folder,
             "timings": o.timings,
             "kv_cache_tokens": o.server.get("kv_cache_tokens"),
+            "cpus": {side: cpus_text(o.placement.get(side)) for side in ("server", "client")},
         }
         if m is not None:
             attrs.update({f"m_{k}": _finite(v) for k, v in m.flat().items()})
@@ -102,6 +104,7 @@ class Evaluator:
             device=cfg.server.device,
             gpus_used=devices_needed({**cfg.server.args, **params}),
             gpu_model=self.gpu_model,
+            cpus=len((outcome.placement.get("server") or ()) if outcome else ()),
             energy_j=gpu.get("energy_j"),
             window_s=m.window_s if m else 0.0,
             quality_excess=context_excess(outcome.quality) if outcome else None,

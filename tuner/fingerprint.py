@@ -16,6 +16,7 @@ from typing import Any
 
 from tuner.config import TunerConfig
 from tuner.host import CPUINFO, read_cpuinfo
+from tuner.placement import for_trial
 
 # Never part of a fingerprint or of anything stored: secrets.
 SECRET_ENV_HINTS = ("TOKEN", "KEY", "SECRET", "PASSWORD")
@@ -59,6 +60,8 @@ def fingerprint(
         "fixed_args": dict(sorted(config.server.args.items())),
         "fixed_env": public_env(dict(sorted(config.server.env.items()))),
         "slo": asdict(config.slo),
+        # A server pinned to 1 of 2 cores is other hardware to a baseline than one on both.
+        "placement": for_trial(config).as_text(),
     }
 
 

@@ -65,7 +65,7 @@ class ObjectiveContext:
     device: str = "cpu"  # cpu | cuda
     gpus_used: int = 0  # TP x PP x DP of the trial (cuda only)
     gpu_model: str = ""  # e.g. NVML's "NVIDIA H200"; cost.gpu_model wins when set
-    cpus: int = 0  # CPUs billed on cpu; 0 = cost.cpus, else os.cpu_count()
+    cpus: int = 0  # CPUs the trial's server was pinned to (tuner.placement); 0 = not pinned
     energy_j: float | None = None  # GPU energy over `window_s` (NVML); None = not measured
     window_s: float = 0.0  # the window over which energy_j was measured
     # The quality gate (tuner.quality): per gated metric, (baseline - candidate) - tolerance.
@@ -74,7 +74,8 @@ class ObjectiveContext:
 
     @property
     def billed_cpus(self) -> int:
-        return self.cpus or self.cost.cpus or os.cpu_count() or 1
+        """cost.cpus when set (the price basis is the operator's), else the server's CPUs."""
+        return self.cost.cpus or self.cpus or os.cpu_count() or 1
 
 
 class Objective(ABC):

@@ -22,6 +22,7 @@ from optuna.trial import FrozenTrial
 
 from tuner.errors import ConfigError
 from tuner.paths import StudyPaths
+from tuner.placement import ALL, parse_cpus
 from tuner.stage import ATTR_DECISION, ROLE_BASELINE, ROLE_INCUMBENT, ROLE_SEARCH
 from tuner.storage import ATTR_BASELINE_STUDY, ATTR_BASELINE_TRIAL, open_storage, redact_url
 from tuner.trial_view import TrialView, nondominated
@@ -112,7 +113,9 @@ class Review:
         """CPU cores the server may use (the CPU utilisation signal of the diagnosis)."""
         cost = self.config.get("cost") or {}
         hw = self.fingerprint.get("hardware") or {}
-        return float(cost.get("cpus") or hw.get("cores") or 0)
+        server = (self.fingerprint.get("placement") or {}).get("server", ALL)
+        pinned = 0 if server == ALL else len(parse_cpus(server, "fingerprint placement.server"))
+        return float(cost.get("cpus") or pinned or hw.get("cores") or 0)
 
     def studies(self) -> dict[str, optuna.Study]:
         """Every Optuna study this study uses, by name (baseline, stages, confirmation)."""

@@ -78,6 +78,7 @@ def test_export_all_formats_of_the_final_incumbent(
     }
     assert yaml.safe_load(files["vllm-config.yaml"])["max-num-seqs"] == 32
     assert k8s.validate(files["k8s.yaml"]) == []
+    assert _cpu_request(files["k8s.yaml"]) == "2"  # cost.cpus: the operator's basis wins
     evidence = json.loads(files["evidence.json"])
     assert evidence["trial"]["optuna_study"] == "demo:batching" and evidence["trial"]["number"] == 4
     assert evidence["delta_vs_baseline"]["output_throughput"]["change_pct"] == 50.0
@@ -85,6 +86,22 @@ def test_export_all_formats_of_the_final_incumbent(
     assert evidence["measurements"]["latency_s"]["e2e"]["n"] == 100
     assert os.access(folder / "vllm-serve.sh", os.X_OK)
     assert "HF_TOKEN" not in files["vllm-serve.sh"] and not leaks(stored.folder)
+
+
+def _cpu_request(k8s_yaml: str) -> str:
+    docs = [d for d in yaml.safe_load_all(k8s_yaml) if d and d["kind"] == "Deployment"]
+    return str(docs[0]["spec"]["template"]["spec"]["containers"][0]["resources"]["requests"]["cpu"])
+
+
+def test_export_requests_the_cpus_the_server_was_pinned_to(stored: StoredStudy) -> None:
+    config_yaml = stored.folder / "config.yaml"
+    config = yaml.safe_load(config_yaml.read_text())
+    config["cost"]["cpus"] = 0  # the default: bill what the server ran on
+    config_yaml.write_text(yaml.safe_dump(config))
+    assert (
+        main(["export", "demo", "--studies-dir", str(stored.studies_dir), "--format", "k8s"]) == 0
+    )
+    assert _cpu_request((stored.folder / "export" / "k8s.yaml").read_text()) == "1"
 
 
 def test_export_pareto_writes_one_folder_per_optimal_trial(stored: StoredStudy) -> None:

@@ -101,6 +101,15 @@ def test_cpu_cost_follows_the_formula() -> None:
     ctx = ObjectiveContext(cost=CostConfig(cpu_hour=0.05), device="cpu", cpus=2)
     value = get_objective("cost_per_million_tokens").value(meas(tok_s=1000.0), ctx)
     assert value == pytest.approx((0.05 * 2) / (1000.0 * 3600) * 1e6)  # ≈ $0.0278
+    # the server's pinned CPUs are billed, unless the operator set the price basis (cost.cpus)
+    one = ObjectiveContext(cost=CostConfig(cpu_hour=0.05), device="cpu", cpus=1)
+    assert get_objective("cost_per_million_tokens").value(meas(tok_s=1000.0), one) == (
+        pytest.approx(value / 2)
+    )
+    fixed = ObjectiveContext(cost=CostConfig(cpu_hour=0.05, cpus=8), device="cpu", cpus=1)
+    assert get_objective("cost_per_million_tokens").value(meas(tok_s=1000.0), fixed) == (
+        pytest.approx(value * 4)
+    )
 
 
 def test_gpu_cost_uses_the_model_price_times_gpus_used() -> None:
