@@ -49,7 +49,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import psutil
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -60,6 +59,7 @@ from tuner.config import LengthDist, RequestClass, SloConfig, WorkloadConfig  # 
 from tuner.loadgen import LocustLoadGenerator, Target  # noqa: E402
 from tuner.loadgen.workload import build_plan  # noqa: E402
 from tuner.measure import Measurements, measure  # noqa: E402
+from tuner.placement import pin, tree_cpus  # noqa: E402
 from tuner.records import RequestRecord, read_records  # noqa: E402
 from tuner.server import LaunchSpec, make_backend  # noqa: E402
 from tuner.telemetry.metrics import (  # noqa: E402
@@ -213,24 +213,6 @@ def steady_inflight(spans: Sequence[tuple[float, float]]) -> float:
     return float(np.mean([np.count_nonzero((start <= t) & (t < end)) for t in ts]))
 
 
-def pin(cpus: Sequence[int] | None) -> None:
-    """Pin this process, and every child it starts from now on, to ``cpus`` (None: leave)."""
-    if cpus:
-        os.sched_setaffinity(0, cpus)
-
-
-def tree_affinity(pid: int | None) -> list[int]:
-    """The union of the CPU affinities of every thread of a process and its descendants."""
-    if pid is None:
-        return []
-    cpus: set[int] = set()
-    root = psutil.Process(pid)
-    for proc in [root, *root.children(recursive=True)]:
-        for thread in proc.threads():
-            cpus |= os.sched_getaffinity(thread.id)
-    return sorted(cpus)
-
-
 def compare(args: argparse.Namespace) -> dict[str, Any]:
     config = compose(args.overrides)
     if args.server_cpus:  # vLLM-CPU binds its OpenMP threads itself: tell it where
@@ -238,12 +220,12 @@ def compare(args: argparse.Namespace) -> dict[str, Any]:
     wl = workload(args)
     with tempfile.TemporaryDirectory(prefix="fidelity-") as tmp:
         out = Path(tmp)
-        server = make_backend(config.server, LaunchSpec(), out / "server.log")
-        pin(args.server_cpus)
+        launch = LaunchSpec(cpus=args.server_cpus)  # started there, as tuner's placement does
+        server = make_backend(config.server, launch, out / "server.log")
         with server:  # starts it; stops and reaps it on the way out, whatever happens
             info = server.wait_ready(time.monotonic() + config.server.startup_timeout_s)
-            pin(args.client_cpus)  # both clients are started from here on
-            server_cpus = tree_affinity(server.pid)
+            pin(0, args.client_cpus)  # this process starts both clients from here on
+            server_cpus = tree_cpus(info.pid)
             print(f"server threads on CPUs {server_cpus}, clients on "
                   f"{sorted(os.sched_getaffinity(0))}", flush=True)  # fmt: skip
             target = Target(info.base_url, server.api_key, config.server.model,
