@@ -245,6 +245,26 @@ def _latency_stats(done: list[RequestRecord]) -> dict[str, MetricStats]:
     }
 
 
+def span_means(
+    records: Iterable[RequestRecord], start: float, end: float
+) -> dict[str, float | None]:
+    """Mean TTFT, TPOT and E2E over the requests a server's histogram deltas between two
+    scrapes at ``start`` and ``end`` hold, warm-up or not: vLLM observes a TTFT when the first
+    token is made and TPOT and E2E when the request finishes. (The window's requests are those
+    *sent* in it; with requests of seconds and a 10-s window the sets differ enough to move a
+    mean by 10 %.)"""
+    done = [r for r in records if _is_completed(r)]
+    finished = _latency_stats([r for r in done if start <= (r.finished_at or 0.0) <= end])
+    first = [
+        r.ttft_s for r in done if r.ttft_s is not None and start <= r.sent_at + r.ttft_s <= end
+    ]
+    return {
+        "ttft": MetricStats.of(first).mean,
+        "tpot": finished["tpot"].mean,
+        "e2e": finished["e2e"].mean,
+    }
+
+
 def _adjusted_e2e_p99(sample: _Sample, timeout_s: float | None) -> float | None:
     if timeout_s is None or not sample.started:
         return None

@@ -23,10 +23,10 @@ from tuner.config import TunerConfig
 from tuner.errors import ArtifactError, LoadGenError, ServerError
 from tuner.loadgen import LoadResult, Target, get_load_generator
 from tuner.loadgen.workload import build_plan
-from tuner.measure import Measurements, measure
+from tuner.measure import Measurements, measure, span_means
 from tuner.paths import TrialPaths
 from tuner.quality import run_quality_set
-from tuner.records import read_records
+from tuner.records import RequestRecord, read_records
 from tuner.server import LaunchSpec, ServerBackend, ServerInfo, make_backend
 from tuner.server.base import REASON_DIED_DURING_LOAD
 from tuner.telemetry import Telemetry
@@ -170,9 +170,9 @@ def _run_phases(
         outcome.quality = outputs.summary()
         server.check_alive()
     with clock.phase("analysis"):
-        records = read_records(result.records_path)
+        records = list(read_records(result.records_path))  # read twice: window, clock check
         m = measure(records, result.window_start, result.window_end, config.slo)
-        _compare_clocks(m, summary, config.telemetry.client_lag_ratio)
+        _compare_clocks(m, records, summary, config.telemetry.client_lag_ratio)
     outcome.measurements = m.to_dict()
     outcome.window = {"start": result.window_start, "end": result.window_end}
     outcome.telemetry = summary
@@ -183,11 +183,16 @@ def _run_phases(
     outcome.status = STATUS_OK
 
 
-def _compare_clocks(m: Measurements, telemetry: dict[str, Any], limit: float) -> None:
-    """The client's mean latencies over the server's own for the window (telemetry
-    ``client_over_server``); a lagging client is flagged (``client_lagging``) and warned about."""
-    means = {kind: getattr(m, kind).mean for kind in ("ttft", "tpot", "e2e")}
-    ratios = over_server(means, telemetry.get("metrics") or {})
+def _compare_clocks(
+    m: Measurements, records: list[RequestRecord], telemetry: dict[str, Any], limit: float
+) -> None:
+    """The client's mean latencies over the server's own (telemetry ``client_over_server``),
+    both over the requests that finished between the two scrapes the server's deltas span; a
+    lagging client is flagged (``client_lagging``) and warned about."""
+    server = telemetry.get("metrics") or {}
+    start, end = server.get("deltas_from"), server.get("deltas_to")
+    means = span_means(records, start, end) if start is not None and end is not None else {}
+    ratios = over_server(means, server)
     warning = client_lag_warning(ratios, limit)
     telemetry["client_over_server"] = {k: round(v, 4) for k, v in ratios.items()}
     telemetry["client_lagging"] = warning is not None

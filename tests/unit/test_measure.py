@@ -9,7 +9,13 @@ import numpy as np
 import pytest
 
 from tuner.config import SloConfig
-from tuner.measure import MIN_SAMPLES_P99_CI, Measurements, MetricStats, measure
+from tuner.measure import (
+    MIN_SAMPLES_P99_CI,
+    Measurements,
+    MetricStats,
+    measure,
+    span_means,
+)
 from tuner.records import (
     ERROR_CONNECTION,
     ERROR_HTTP,
@@ -250,3 +256,21 @@ def test_output_token_rate_counts_tokens_generated_inside_the_window() -> None:
     assert m.output_throughput == pytest.approx(25 / 10)
     assert m.flat()["output_token_rate_tok_s"] == pytest.approx(3.0)
     assert measure([failed(T0 + 1, ERROR_TIMEOUT)], T0, T1, NO_SLO).output_token_rate is None
+
+
+def test_span_means_take_the_requests_the_servers_histograms_saw_in_the_span() -> None:
+    """What a server's histogram deltas between two scrapes hold: the requests that finished
+    in the span (TPOT, E2E) and those whose first token came in it (TTFT), any phase."""
+    records = [
+        ok(T0 - 2.5, ttft=0.5, e2e=3.0, phase=PHASE_WARMUP),  # first token T0-2, ends T0+0.5
+        ok(T0 + 1.0, ttft=0.1, e2e=1.0),  # first token and end in the span
+        ok(T1 - 0.5, ttft=0.1, e2e=2.0),  # first token in the span, ends after it
+        failed(T0 + 2.0, ERROR_TIMEOUT),  # not completed: out
+    ]
+    means = span_means(records, T0, T1)
+    assert means["e2e"] == pytest.approx(2.0)  # (3.0 + 1.0) / 2
+    assert means["ttft"] == pytest.approx(0.1)  # the second and third
+    assert means["tpot"] == pytest.approx(((3.0 - 0.5) / 10 + (1.0 - 0.1) / 10) / 2)
+    # the window's own mean (requests *sent* in it) is another population
+    assert measure(records, T0, T1, NO_SLO).e2e.mean == pytest.approx(1.5)
+    assert span_means(records, T1 + 5, T1 + 6) == {"ttft": None, "tpot": None, "e2e": None}

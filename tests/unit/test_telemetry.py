@@ -222,6 +222,8 @@ def test_poller_summary_window_picks_bracketing_scrapes(metrics_server: tuple[st
     assert poller.summary()["preemptions"] == 98.0  # 100 - 2 over all scrapes
     windowed = poller.summary(window=(between, between + 0.001))
     assert windowed["preemptions"] == 5.0  # 7 - 2: the scrapes just before and after
+    first, second = (t for t, _ in poller.scrapes[:2])
+    assert (windowed["deltas_from"], windowed["deltas_to"]) == (first, second)  # the span
     assert "num_requests_running_max" not in windowed  # no scrape inside the window
 
 
@@ -361,6 +363,7 @@ def test_client_means_over_the_servers_own_and_the_lag_warning() -> None:
     # Starved: the tokens piled up and were read together (a real trial on a Zen 5 VM).
     burst = client_lag_warning({"e2e": 3.4816, "tpot": 0.7097, "ttft": 18.1585}, 1.10)
     assert burst is not None and "TPOT 0.71x and E2E 3.48x" in burst
+    assert "placement.client_cpus" in burst  # says what to do about it
     assert client_lag_warning({"tpot": 1.0, "e2e": 1.10}, 1.10) is not None
     assert client_lag_warning({"tpot": 0.909}, 1.10) is not None  # just under 1 / 1.10
     assert client_lag_warning({}, 1.10) is None  # no /metrics: nothing to compare

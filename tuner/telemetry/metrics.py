@@ -146,7 +146,9 @@ class MetricsPoller(PeriodicSampler):
         out.update(_gauge_stats(_inside(scrapes, window)))
         first, last = _bracket(scrapes, window)
         if first is not None and last is not None:
-            out.update(self._deltas(first, last))
+            out.update(self._deltas(first[1], last[1]))
+            # What the deltas cover: the client's side of the clock check is taken over it.
+            out["deltas_from"], out["deltas_to"] = first[0], last[0]
         return out
 
     def _deltas(self, first: dict[str, float], last: dict[str, float]) -> dict[str, float]:
@@ -209,7 +211,8 @@ def client_lag_warning(ratios: Mapping[str, float], limit: float) -> str | None:
     late and in bursts: the mean E2E grows and TPOT moves either way, above ``limit`` when
     every token is late, below ``1 / limit`` when they pile up and arrive together (a real
     trial on a 2-core Zen 5 VM, vLLM's processes on 1.9 of the 2 cores, its API server at
-    0.2 and the client at 0.07: E2E 2.0-3.5x, TPOT 0.69-0.91x, TTFT 8-21x)."""
+    0.2 and the client at 0.07: E2E 2.0-3.5x, TPOT 0.69-0.91x, TTFT 8-21x). tuner.placement
+    keeps the client off a CPU server's cores by default."""
     tpot, e2e = ratios.get("tpot"), ratios.get("e2e")
     off = []
     if tpot is not None and not 1 / limit < tpot < limit:
@@ -221,7 +224,8 @@ def client_lag_warning(ratios: Mapping[str, float], limit: float) -> str | None:
     return (
         f"the client's mean {' and '.join(off)} vLLM's own (its /metrics histograms): tokens "
         "reached the client late or in bursts, so the time went outside vLLM's engine, in the "
-        "client or in vLLM's API server process, waiting for CPU"
+        "client or in vLLM's API server process, waiting for CPU (placement.client_cpus "
+        "keeps the client off the server's CPUs)"
     )
 
 
@@ -240,9 +244,10 @@ def _inside(
     return [values for t, values in scrapes if window[0] <= t <= window[1]]
 
 
-def _bracket(
-    scrapes: list[tuple[float, dict[str, float]]], window: Window | None
-) -> tuple[dict[str, float] | None, dict[str, float] | None]:
+Scrape = tuple[float, dict[str, float]]
+
+
+def _bracket(scrapes: list[Scrape], window: Window | None) -> tuple[Scrape | None, Scrape | None]:
     """The scrapes that bracket the window: last at/before its start, first at/after its end.
 
     Without one before (or after), the first (last) scrape inside stands in.
@@ -250,11 +255,11 @@ def _bracket(
     if not scrapes:
         return None, None
     if window is None:
-        return scrapes[0][1], scrapes[-1][1]
+        return scrapes[0], scrapes[-1]
     start, end = window
-    before = [v for t, v in scrapes if t <= start]
-    after = [v for t, v in scrapes if t >= end]
-    inside = [v for t, v in scrapes if start < t < end]
+    before = [s for s in scrapes if s[0] <= start]
+    after = [s for s in scrapes if s[0] >= end]
+    inside = [s for s in scrapes if start < s[0] < end]
     first = before[-1] if before else (inside[0] if inside else (after[0] if after else None))
     last = after[0] if after else (inside[-1] if inside else (before[-1] if before else None))
     return first, last
