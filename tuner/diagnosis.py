@@ -77,7 +77,8 @@ RULES: tuple[Rule, ...] = (
         CLIENT_LAGGING,
         "tokens reached the client later than vLLM's engine made them (its mean TPOT or E2E "
         "over the engine's histograms): the latencies include time outside the engine, a "
-        "client or API server short of CPU (e.g. vLLM's CPU threads on every core)",
+        "client or API server short of CPU (e.g. vLLM's CPU threads on every core: give the "
+        "client CPUs of its own with placement.client_cpus)",
         (Check("client_lagging", ">=", 1.0),),
     ),
     Rule(
