@@ -40,7 +40,7 @@ class Placement:
     def describe(self) -> str:
         """One line for a trial's progress, e.g. ``server on CPUs 0, client on 1``."""
         if self.server is None and self.client is None:
-            return "server and client share every CPU"
+            return "server and client on every CPU"
         return f"server on CPUs {_side(self.server)}, client on {_side(self.client)}"
 
     def as_text(self) -> dict[str, str]:

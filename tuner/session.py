@@ -21,6 +21,7 @@ from tuner.config import TunerConfig
 from tuner.errors import ConfigError, PreflightError
 from tuner.evaluation import Evaluator
 from tuner.fingerprint import fingerprint, hardware, public_env
+from tuner.placement import for_trial
 from tuner.quality import quality_fingerprint
 from tuner.server import LaunchSpec, make_backend
 from tuner.server.vllm_parser import check_argv, vllm_flags, vllm_version
@@ -94,6 +95,7 @@ class Session:
             change = (final - base) / abs(base) if base not in (0.0,) else float("nan")
             lines.append(f"  {name:<28} {base:>12.4g} -> {final:>12.4g}  ({change:+.1%})")
         lines.append(f"  params: {result.final.params or '(vLLM defaults + fixed args)'}")
+        lines.append(f"  CPUs: {for_trial(self.config).describe()} (placement)")
         lines += ["decisions:"] + [f"  {d.line()}" for d in result.decisions]
         for stage, front in result.pareto.items():
             lines.append(

