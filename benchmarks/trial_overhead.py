@@ -168,15 +168,26 @@ def table(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--trials", type=int, default=3)
-    p.add_argument("--out", type=Path, default=DEFAULT_OUT)
+def trial_script_args(
+    doc: str, count: str, default_out: Path, argv: Sequence[str] | None
+) -> argparse.Namespace:
+    """The options of a script that runs real trials: ``--<count> N``, ``--out``, overrides."""
+    p = argparse.ArgumentParser(description=doc.splitlines()[0])
+    p.add_argument(f"--{count}", type=int, default=3)
+    p.add_argument("--out", type=Path, default=default_out)
     p.add_argument("overrides", nargs="*", help="Hydra overrides (default: the quickstart preset)")
-    args = p.parse_args(argv)
+    return p.parse_args(argv)
+
+
+def save(out: Path, name: str, result: dict[str, Any]) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / name).write_text(json.dumps(result, indent=1) + "\n")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = trial_script_args(__doc__ or "", "trials", DEFAULT_OUT, argv)
     result = run(args)
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "trial_overhead.json").write_text(json.dumps(result, indent=1) + "\n")
+    save(args.out, "trial_overhead.json", result)
     print(table(result))
     share = result["median"]["harness_overhead_share"]
     verdict = "meets" if share <= TARGET_OVERHEAD else "MISSES"
