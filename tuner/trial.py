@@ -187,8 +187,8 @@ def _compare_clocks(
     m: Measurements, records: list[RequestRecord], telemetry: dict[str, Any], limit: float
 ) -> None:
     """The client's mean latencies over the server's own (telemetry ``client_over_server``),
-    both over the requests that finished between the two scrapes the server's deltas span; a
-    lagging client is flagged (``client_lagging``) and warned about."""
+    both over the requests in the server's histogram deltas (:func:`span_means`); a lagging
+    client is flagged (``client_lagging``) and warned about."""
     server = telemetry.get("metrics") or {}
     start, end = server.get("deltas_from"), server.get("deltas_to")
     means = span_means(records, start, end) if start is not None and end is not None else {}
