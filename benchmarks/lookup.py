@@ -126,6 +126,7 @@ class StudyStrategy:
     options: Mapping[str, Any] = field(default_factory=dict)
     refine_trials: int = 0  # staged only: study.refine_trials (a last joint stage)
     baseline_measurements: int = 3  # study.baseline_measurements (the schema's default)
+    noise: str = "pooled"  # study.noise: the acceptance rule's noise estimate
 
 
 def study_config(
@@ -140,7 +141,7 @@ def study_config(
         s.trials_per_stage, s.repeats, seed,
     )  # fmt: skip
     config.study.refine_trials = s.refine_trials
-    config.study.baseline_measurements = s.baseline_measurements
+    config.study.baseline_measurements, config.study.noise = s.baseline_measurements, s.noise
     config.study.storage = f"sqlite:///{folder}/replay.db"
     config.study.max_consecutive_failures = 10_000  # report the path, do not stop on failures
     config.study.max_failure_rate = 1.0

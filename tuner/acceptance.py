@@ -5,7 +5,9 @@ Single measurements on shared machines differ by 20-40 % between neighbouring co
 and the decision uses every measurement of both. The rule is deliberately simple to explain:
 
     gain      = mean(candidate) - mean(incumbent)          (sign-adjusted: larger is better)
-    noise     = 2 * sqrt(var_c / n_c + var_i / n_i)        (about two standard errors)
+    noise     = t(0.975, df) * sd * sqrt(1/n_c + 1/n_i) * |mean(incumbent)|
+                (sd, df: the study's pooled relative noise, tuner.noise; study.noise=pair:
+                 2 * sqrt(var_c / n_c + var_i / n_i), each comparison's own variances)
     threshold = max(noise, min_gain * |mean(incumbent)|)
     accept   <=> the candidate meets every constraint on the mean of its repeats and
                  (gain > threshold or the incumbent, on the mean of its own, violates one:
@@ -27,6 +29,8 @@ from typing import Any
 
 import numpy as np
 
+from tuner.noise import NoiseEstimate
+
 
 @dataclass
 class Decision:
@@ -43,6 +47,7 @@ class Decision:
     candidate_mean: float = float("nan")
     gain: float = float("nan")
     noise: float = float("nan")
+    noise_df: int | None = None  # the pooled estimate's degrees of freedom (None: pair rule)
     threshold: float = float("nan")
     candidate_trial: int | None = None
     candidate_params: dict[str, Any] = field(default_factory=dict)
@@ -67,8 +72,12 @@ class Decision:
         return (
             f"stage {self.stage}: {verdict}: {self.objective} {self.incumbent_mean:.4g} -> "
             f"{self.candidate_mean:.4g} (gain {self.gain:+.4g}, needed > {self.threshold:.4g}; "
-            f"n={len(self.incumbent_values)}+{len(self.candidate_values)}) - {self.reason}"
+            f"n={len(self.incumbent_values)}+{len(self.candidate_values)}{self._df()}) - "
+            f"{self.reason}"
         )
+
+    def _df(self) -> str:
+        return "" if self.noise_df is None else f", noise over {self.noise_df} df"
 
 
 def mean_constraints(repeats: Sequence[Mapping[str, float]]) -> dict[str, float]:
@@ -108,12 +117,14 @@ def decide(
     candidate_feasible: bool,
     min_gain: float,
     incumbent_feasible: bool = True,
+    pooled: NoiseEstimate | None = None,
 ) -> Decision:
     """Apply the rule above. ``direction`` is ``maximize`` or ``minimize``.
 
     ``candidate_feasible`` and ``incumbent_feasible`` are :func:`meets` of each side's
     :func:`mean_constraints`. Feasibility comes first: an incumbent that violates a constraint
     (e.g. a baseline over the SLO) gives way to a feasible candidate, whatever the gain.
+    ``pooled`` is the study's noise (including these two sides' repeats); None: the pair rule.
     """
     sign = 1.0 if direction == "maximize" else -1.0
     inc, cand = np.asarray(incumbent, float), np.asarray(candidate, float)
@@ -123,7 +134,11 @@ def decide(
         return decision
     decision.incumbent_mean, decision.candidate_mean = float(inc.mean()), float(cand.mean())
     decision.gain = sign * (decision.candidate_mean - decision.incumbent_mean)
-    decision.noise = _two_se(_sem2(inc), _sem2(cand))
+    if pooled is None:
+        decision.noise = _two_se(_sem2(inc), _sem2(cand))
+    else:
+        decision.noise = pooled.threshold(len(inc), len(cand), decision.incumbent_mean)
+        decision.noise_df = pooled.df
     decision.threshold = max(decision.noise, min_gain * abs(decision.incumbent_mean))
     if not candidate_feasible:
         decision.reason = "candidate violated an SLO on the mean of its repeats, or a repeat failed"
@@ -139,25 +154,35 @@ def decide(
     return decision
 
 
-def resolvable_gain(samples: Sequence[float], repeats: int, min_gain: float) -> float | None:
+def resolvable_gain(
+    samples: Sequence[float], repeats: int, min_gain: float, pooled: bool = True
+) -> float | None:
     """The smallest relative gain a stage can accept over an incumbent measured as ``samples``.
 
     The rule's threshold, relative to the incumbent's mean, when the candidate is as noisy as
     the incumbent: ``len(samples) + repeats`` incumbent measurements against ``1 + repeats`` of
-    the candidate (its search trial and its confirmations). None with fewer than two finite
-    samples: one window says nothing about the noise.
+    the candidate (its search trial and its confirmations); the pooled rule's estimate then
+    rests on those measurements (and grows more certain in later stages). None with fewer than
+    two finite samples: one window says nothing about the noise.
     """
     x = np.asarray(samples, float)
     if len(x) < 2 or not np.all(np.isfinite(x)) or x.mean() == 0:
         return None
-    var = float(np.var(x, ddof=1))
-    noise = _two_se(var / (len(x) + repeats), var / (1 + repeats))
+    n_inc, n_cand = len(x) + repeats, 1 + repeats
+    if pooled:  # the first stage's pool: both sides' repeats, at the baseline's spread
+        est = NoiseEstimate(NoiseEstimate.of(list(x)).rel_sd, n_inc + n_cand - 2)
+        noise = est.threshold(n_inc, n_cand, float(x.mean()))
+    else:
+        var = float(np.var(x, ddof=1))
+        noise = _two_se(var / n_inc, var / n_cand)
     return max(noise / abs(float(x.mean())), min_gain)
 
 
-def resolution_line(objective: str, samples: Sequence[float], repeats: int, min_gain: float) -> str:
+def resolution_line(
+    objective: str, samples: Sequence[float], repeats: int, min_gain: float, pooled: bool = True
+) -> str:
     """What the baseline's spread means for the study, said once before the stages start."""
-    gain = resolvable_gain(samples, repeats, min_gain)
+    gain = resolvable_gain(samples, repeats, min_gain, pooled)
     if gain is None:
         return f"baseline {objective}: one window, its noise unknown until a stage re-measures it"
     x = np.asarray(samples, float)

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tuner.errors import ConfigError
+from tuner.noise import RULES
 
 MISSING_MODEL = "???"
 
@@ -218,6 +219,7 @@ class StudyConfig:
     # hide every candidate that does not beat the luck (benchmarks/README.md §2).
     baseline_measurements: int = 3
     min_gain: float = 0.02  # relative gain of the selection objective needed to accept
+    noise: str = "pooled"  # pooled (the study's repeats, tuner/noise.py) | pair (each comparison's)
     storage: str | None = None  # SQLAlchemy URL; None = SQLite in studies/<name>/optuna.db
     max_failure_rate: float = 0.6
     max_consecutive_failures: int = 4
@@ -232,6 +234,8 @@ class StudyConfig:
             raise ConfigError(
                 f"study.baseline_measurements must be >= 1, got {self.baseline_measurements}"
             )
+        if self.noise not in RULES:
+            raise ConfigError(f"study.noise must be one of {', '.join(RULES)}, got {self.noise!r}")
         if self.refine_trials < 0:
             raise ConfigError(f"study.refine_trials must be >= 0, got {self.refine_trials}")
         if "refine" in self.stages:

@@ -23,8 +23,9 @@ import optuna
 from optuna.trial import TrialState
 
 from tuner import search_space
-from tuner.acceptance import Decision, decide, mean_constraints, meets, resolution_line
+from tuner.acceptance import Decision, resolution_line
 from tuner.config import TunerConfig
+from tuner.confirmation import Confirmation
 from tuner.errors import StudyFailedError, TunerError
 from tuner.evaluation import Evaluated, Evaluator
 from tuner.failure_budget import FailureBudget
@@ -38,7 +39,6 @@ from tuner.stage import (
     ROLE_BASELINE,
     ROLE_SEARCH,
     Incumbent,
-    Repeats,
     Stage,
     StudyResult,
     after_decision,
@@ -100,6 +100,9 @@ class StudyRunner:
         self.baseline_quality: Path | None = None  # the reference outputs of the quality gate
         self.baseline_ref: tuple[str, int] = ("", -1)  # (study, trial) of the baseline used
         self._done_stages: list[optuna.Study] = []  # finished stages: their measurements reused
+        self.confirmation = Confirmation(
+            config, evaluator, self._open, self._measure_told, progress
+        )
 
     @property
     def storage_url(self) -> str:
@@ -186,9 +189,10 @@ class StudyRunner:
             done.append(self._measure_baseline(study))
         self.baseline_ref = (study.study_name, done[-1].number)
         baseline = baseline_incumbent(done, self.evaluator.select_index)
+        self.confirmation.noise.add(baseline.params, baseline.samples)
         cfg = self.config.study
         self.say(resolution_line(self.evaluator.select_by, baseline.samples, cfg.repeats,
-                                 cfg.min_gain))  # fmt: skip
+                                 cfg.min_gain, cfg.noise == "pooled"))  # fmt: skip
         return baseline
 
     def _measure_baseline(self, study: optuna.Study) -> optuna.trial.FrozenTrial:
@@ -230,6 +234,14 @@ class StudyRunner:
         self._attach_quality(outcome, label, role, prefix)
         result = self.evaluator.evaluate(outcome, params)
         self._record(trial, result, params, label, role, launch)
+        return result
+
+    def _measure_told(
+        self, study: optuna.Study, trial: optuna.Trial, label: str, params: dict[str, Any],
+        role: str,
+    ) -> Evaluated:  # fmt: skip
+        result = self._measure(trial, label, params, role)
+        self._tell(study, trial, result)
         return result
 
     def _attach_quality(self, outcome: TrialOutcome, label: str, role: str, prefix: str) -> None:
@@ -275,6 +287,7 @@ class StudyRunner:
             study.set_user_attr(ATTR_BASELINE_TRIAL, self.baseline_ref[1])
         if ATTR_DECISION in study.user_attrs:
             decision = Decision.from_dict(study.user_attrs[ATTR_DECISION])
+            self.confirmation.learn(incumbent.params, decision)
             self._done_stages.append(study)
             return self._apply(decision, incumbent, stage), decision
         self._seed_incumbent(study, stage, incumbent)
@@ -292,7 +305,7 @@ class StudyRunner:
             result = self._measure(trial, stage.name, params, ROLE_SEARCH)
             self._tell(study, trial, result)
             self._say_best(study, stage)
-        decision = self._confirm(study, stage, incumbent)
+        decision = self.confirmation.decide(study, stage, incumbent)
         study.set_user_attr(ATTR_DECISION, jsonable(decision.to_dict()))
         self._done_stages.append(study)
         return self._apply(decision, incumbent, stage), decision
@@ -339,73 +352,9 @@ class StudyRunner:
                 f"{self.evaluator.select_by} {best.values[idx]:.4g} {best.params}"
             )
 
-    def _winner(
-        self, study: optuna.Study, incumbent: Incumbent | None = None
-    ) -> optuna.trial.FrozenTrial | None:
+    def _winner(self, study: optuna.Study) -> optuna.trial.FrozenTrial | None:
         idx, sign = self.evaluator.select_index, self.evaluator.select_sign
-        return stage_winner(search_trials(study), idx, sign, incumbent)
-
-    def _confirm(self, study: optuna.Study, stage: Stage, incumbent: Incumbent) -> Decision:
-        """Re-measure winner and incumbent interleaved; accept only beyond the noise."""
-        winner = self._winner(study, incumbent)
-        idx, sign = self.evaluator.select_index, self.evaluator.select_sign
-        obj, direction = self.evaluator.select_by, self.evaluator.directions[idx]
-        inc_ok = meets(incumbent.constraints)
-        if winner is None or (inc_ok and sign * winner.values[idx] <= sign * incumbent.values[idx]):
-            d = decide(stage.name, obj, direction, [], [], False, self.config.study.min_gain)
-            d.reason = "no feasible trial beat the incumbent"
-            return d
-        cand_params = {**incumbent.params, **winner.params}
-        inc, cand = self._repeats(stage, incumbent, cand_params, winner)
-        inc_c, cand_c = mean_constraints(inc.constraints), mean_constraints(cand.constraints)
-        decision = decide(
-            stage.name, obj, direction, inc.values, cand.values, meets(cand_c),
-            self.config.study.min_gain, meets(inc_c),
-        )  # fmt: skip
-        decision.candidate_trial, decision.candidate_params = winner.number, cand_params
-        decision.candidate_objectives = list(winner.values)
-        decision.candidate_constraints, decision.incumbent_constraints = cand_c, inc_c
-        return decision
-
-    def _repeats(
-        self,
-        stage: Stage,
-        incumbent: Incumbent,
-        cand_params: dict[str, Any],
-        winner: optuna.trial.FrozenTrial,
-    ) -> tuple[Repeats, Repeats]:
-        """The incumbent's and the candidate's measurements: the one each already has, then
-        ``study.repeats`` more of each, interleaved."""
-        idx = self.evaluator.select_index
-        confirm = self._open(f"{self.config.name}:confirm")
-        # Its earlier measurements count as many times as they are (their constraints are only
-        # kept as means: repeated so that the new mean weighs every measurement alike).
-        samples = incumbent.samples or [incumbent.values[idx]]
-        inc = Repeats(list(samples), [dict(incumbent.constraints)] * len(samples))
-        cand = Repeats([winner.values[idx]], [dict(winner.constraints)])
-        for rnd in range(self.config.study.repeats):
-            for role, params, out in (
-                ("incumbent", incumbent.params, inc),
-                ("candidate", cand_params, cand),
-            ):
-                result = self._confirm_run(confirm, stage.name, rnd, role, params)
-                out.values.append(result.values[idx])
-                out.constraints.append(dict(result.constraints))
-        return inc, cand
-
-    def _confirm_run(
-        self, confirm: optuna.Study, stage: str, rnd: int, role: str, params: dict[str, Any]
-    ) -> Evaluated:
-        tag = f"{stage}/{rnd}/{role}"
-        for t in confirm.get_trials(states=(TrialState.COMPLETE,)):
-            if t.user_attrs.get("confirm_tag") == tag:  # measured before an interrupt
-                return self.evaluator.from_attrs(t)
-        self.say(f"stage {stage}: confirm round {rnd + 1}/{self.config.study.repeats}: {role}")
-        trial = confirm.ask()
-        trial.set_user_attr("confirm_tag", tag)
-        result = self._measure(trial, f"{stage}-confirm", params, role)
-        self._tell(confirm, trial, result)
-        return result
+        return stage_winner(search_trials(study), idx, sign)
 
     def _apply(self, decision: Decision, incumbent: Incumbent, stage: Stage) -> Incumbent:
         return after_decision(incumbent, decision, self.evaluator.select_index, stage.name)

@@ -14,6 +14,7 @@ from tuner.acceptance import (
     resolution_line,
     resolvable_gain,
 )
+from tuner.noise import NoiseEstimate
 from tuner.objective import NO_DATA_VIOLATION
 from tuner.stage import Incumbent, stage_winner
 
@@ -112,14 +113,22 @@ def _shaped(mean: float, deviations: list[float], sd: float) -> list[float]:
 
 
 @pytest.mark.parametrize("repeats", [1, 2, 4])
-def test_resolvable_gain_is_the_rules_threshold_for_equally_noisy_sides(repeats: int) -> None:
+@pytest.mark.parametrize("pooled", [True, False])
+def test_resolvable_gain_is_the_rules_threshold_for_equally_noisy_sides(
+    repeats: int, pooled: bool
+) -> None:
+    """With the noise known from the baseline alone: the pooled rule's estimate of it, or
+    (pair rule) sides as noisy as the baseline."""
     baseline = _shaped(1000.0, [-1, 0, 1], 100.0)  # CV 10 %
-    gain = resolvable_gain(baseline, repeats, min_gain=0.0)
-    assert gain is not None and 0.05 < gain < 0.3
+    gain = resolvable_gain(baseline, repeats, min_gain=0.0, pooled=pooled)
+    assert gain is not None and 0.05 < gain < 0.5
     inc = _shaped(1000.0, list(range(3 + repeats)), 100.0)
+    # the first stage's pool: both sides' measurements, as noisy as the baseline's
+    sd = NoiseEstimate.of(baseline).rel_sd
+    noise = NoiseEstimate(sd, 3 + repeats + 1 + repeats - 2) if pooled else None
     for factor, accepted in ((1.01, True), (0.99, False)):
         cand = _shaped(1000.0 * (1 + factor * gain), list(range(1 + repeats)), 100.0)
-        d = decide("b", "tok_s", "maximize", inc, cand, True, 0.0)
+        d = decide("b", "tok_s", "maximize", inc, cand, True, 0.0, pooled=noise)
         assert d.accepted is accepted
 
 

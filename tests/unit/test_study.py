@@ -164,15 +164,21 @@ class Scripted:
     launch order per configuration (None: the server failed); SLO P99 2.6 s, 2 repeats."""
 
     def __init__(
-        self, replay: ModuleType, folder: Path, script: dict[Any, list[Any]], baselines: int = 1
-    ) -> None:
+        self, replay: ModuleType, folder: Path, script: dict[Any, list[Any]], baselines: int = 1,
+        space: dict[str, dict[str, ParamSpec]] | None = None, noise: str = "pooled",
+        stages: list[str] | None = None,
+    ) -> None:  # fmt: skip
         self.replay, self.script = replay, {k: list(v) for k, v in script.items()}
         strategy = replay.StudyStrategy(
-            "t", "staged", "random", 2, repeats=2, baseline_measurements=baselines
+            "t", "staged", "random", 2, repeats=2, baseline_measurements=baselines, noise=noise
         )
-        space = {"first": {"max_num_seqs": ParamSpec(type="categorical", choices=[16, 64])}}
+        seqs = ParamSpec(type="categorical", choices=[16, 64])
+        space = space or {"first": {"max_num_seqs": seqs}}
+        self.params = [p for group in space.values() for p in group]
         self.config = replay.study_config(replay.base_config(), strategy, space, 2.6, 0, folder)
-        self.config.server.args.pop("max_num_seqs", None)  # the baseline leaves it to vLLM
+        for p in self.params:  # the baseline leaves them to vLLM
+            self.config.server.args.pop(p, None)
+        self.config.study.stages = stages or self.config.study.stages
         self.said: list[str] = []
         self.result = self.run()
 
@@ -185,7 +191,8 @@ class Scripted:
     def trial(
         self, config: Any, launch: Any, paths: Any, trial_id: str, progress: Any = None
     ) -> Any:
-        value = self.script[launch.args.get("max_num_seqs")].pop(0)
+        key = [launch.args.get(p) for p in self.params]
+        value = self.script[key[0] if len(key) == 1 else tuple(key)].pop(0)
         ok = value is not None
         tok, p99 = value if ok else (0.0, None)
         measured = self.replay.Measured(
@@ -210,6 +217,39 @@ def test_feasibility_is_judged_on_the_mean_of_the_repeats(
     assert decision.candidate_params == {"max_num_seqs": 64}
     assert meets(decision.candidate_constraints) and not meets(decision.incumbent_constraints)
     assert run.result.final.params == {"max_num_seqs": 64}
+
+
+@pytest.mark.parametrize("noise", ["pooled", "pair"])
+def test_a_later_stage_is_judged_with_the_noise_an_earlier_one_saw(
+    replay: ModuleType, tmp_path: Path, noise: str
+) -> None:
+    """Stage 2's candidate beats a steady incumbent by 5 % in three tight windows; stage 1
+    saw one configuration swing 800-1400 tok/s. The pair rule sees only the tight pair and
+    accepts; the pooled rule knows the machine's noise and keeps the incumbent, also when
+    the study is resumed between the stages."""
+    space = {
+        "first": {"max_num_seqs": ParamSpec(type="categorical", choices=[64])},
+        "second": {"max_num_batched_tokens": ParamSpec(type="categorical", choices=[512])},
+    }
+    run = Scripted(replay, tmp_path, {
+        (None, None): [(1000, 2.0)] * 5,
+        (64, None): [(1100, 2.0), (800, 2.0), (1400, 2.0)],
+        (None, 512): [(1050, 2.0)] * 3,
+    }, space=space, noise=noise, stages=["first"])  # fmt: skip
+    # The study is resumed with its second stage: stage 1's decision comes from the storage,
+    # and with it what its repeats taught about the noise.
+    run.config.study.stages = ["first", "second"]
+    first, second = run.run().decisions
+    assert first.to_dict() == run.result.decisions[0].to_dict()
+    assert not first.accepted and second.candidate_params == {"max_num_batched_tokens": 512}
+    if noise == "pair":
+        assert second.accepted and second.noise_df is None
+        return
+    # stage 1: the baseline's 3 windows and 64's 3 (2 + 2 df); stage 2 adds 2 windows of the
+    # baseline and 512's 3 (4 + 2 + 2 df)
+    assert (first.noise_df, second.noise_df) == (4, 8)
+    assert not second.accepted and second.noise > second.gain > 0.03 * 1000
+    assert "noise over 8 df" in second.line()
 
 
 def test_a_failed_repeat_disqualifies_the_candidate(replay: ModuleType, tmp_path: Path) -> None:

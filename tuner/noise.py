@@ -1,0 +1,78 @@
+"""A study's estimate of its own measurement noise, for the acceptance rule.
+
+One comparison's own measurements (2 + 2 with the quickstart's ``study.repeats=1`` and one
+baseline window) give a variance with 2 degrees of freedom: as often far too small as too large,
+so "two standard errors" of it took an equal configuration for a gain in 7-9 % of comparisons
+instead of the ~2.5 % the rule suggests (tests/unit/test_noise.py simulates it). The
+run-to-run noise is a property of the host and the workload, about the same share of the value
+for every configuration (benchmarks/README.md: repeats 5-15 % apart whatever the config), so
+the ``pooled`` rule estimates it once for the whole study: the variance of log(value) within
+every configuration measured more than once (the baseline's windows, each confirmation's
+incumbent and candidate), and a threshold of Student's t at the pooled degrees of freedom,
+wide while few repeats are known and near two standard errors once many are.
+
+``pair`` is the earlier rule (each comparison's own variances, two standard errors), kept so
+that a replay can measure the two side by side (benchmarks/README.md §13).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from scipy import stats
+
+RULES = ("pooled", "pair")
+CONFIDENCE = 0.975  # one-sided: about the 2.3 % of the earlier "two standard errors"
+
+
+@dataclass(frozen=True)
+class NoiseEstimate:
+    """The pooled relative noise: the SD of log(value) between repeats of one configuration."""
+
+    rel_sd: float  # ~ the coefficient of variation; nan while nothing was repeated
+    df: int  # its degrees of freedom: measurements minus configurations, over repeated ones
+
+    def threshold(self, n_a: int, n_b: int, scale: float) -> float:
+        """The smallest difference of two means (of n_a and n_b measurements near ``scale``)
+        that this noise makes unlikely by chance; 0 when the noise is unknown (df 0), where
+        the rule's ``min_gain`` alone holds, as with a single window before."""
+        if self.df < 1 or n_a < 1 or n_b < 1:
+            return 0.0
+        t = float(stats.t.ppf(CONFIDENCE, self.df))
+        return t * self.rel_sd * math.sqrt(1 / n_a + 1 / n_b) * abs(scale)
+
+    @classmethod
+    def of(cls, *groups: Sequence[float]) -> NoiseEstimate:
+        """Pool the within-group variance of log(value) over groups of repeats."""
+        ss, df = 0.0, 0
+        for values in groups:
+            logs = np.log([v for v in values if math.isfinite(v) and v > 0])
+            if len(logs) >= 2:
+                ss += float(np.sum((logs - logs.mean()) ** 2))
+                df += len(logs) - 1
+        return cls(math.sqrt(ss / df) if df else math.nan, df)
+
+
+class NoisePool:
+    """Every configuration's repeated selection-objective values in one study.
+
+    A configuration's measurements only grow during a study (an incumbent carries its samples
+    into the next stage's confirmation), so each configuration keeps its longest list: adding
+    the same measurements again, as a resumed study does, changes nothing.
+    """
+
+    def __init__(self) -> None:
+        self._groups: dict[str, list[float]] = {}
+
+    def add(self, config: Mapping[str, Any], values: Sequence[float]) -> None:
+        key = json.dumps(dict(config), sort_keys=True, default=str)
+        if len(values) > len(self._groups.get(key, [])):
+            self._groups[key] = [float(v) for v in values]
+
+    def estimate(self) -> NoiseEstimate:
+        return NoiseEstimate.of(*self._groups.values())
