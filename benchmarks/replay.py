@@ -28,7 +28,7 @@ import json
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -65,6 +65,7 @@ from benchmarks.scoring import (  # noqa: E402
 )
 from tuner.cli import compose  # noqa: E402
 from tuner.config import ParamSpec, TunerConfig  # noqa: E402
+from tuner.noise import RULES as NOISE_RULES  # noqa: E402
 
 # Re-exported for tests/unit/test_replay.py and test_study.py, which load this script alone.
 __all__ = ["Measured", "StudyStrategy", "count_fallbacks", "lookup_trials", "outcome_of",
@@ -117,6 +118,19 @@ def default_strategies(
             StudyStrategy(f"joint_random_{n}", "joint", "random", n, 2, 0),
         ]
     return out
+
+
+def with_settings(
+    strategies: Sequence[StudyStrategy], rules: Sequence[str], repeats: int, baselines: int
+) -> list[StudyStrategy]:
+    """Each strategy under each noise rule (named <strategy>_<rule> unless pooled), with these
+    repeats and baseline measurements."""
+    return [
+        replace(s, name=s.name if rule == "pooled" else f"{s.name}_{rule}", noise=rule,
+                repeats=repeats, baseline_measurements=baselines)
+        for rule in rules
+        for s in strategies
+    ]  # fmt: skip
 
 
 def categorical_space(
@@ -230,6 +244,19 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--only", nargs="+", default=None, help="run only these StudyRunner strategies")
     p.add_argument(
+        "--noise",
+        nargs="+",
+        choices=list(NOISE_RULES),
+        default=["pooled"],
+        help="study.noise of the StudyRunner runs; each rule after 'pooled' adds every strategy "
+        "again, named <strategy>_<rule> (benchmarks/README.md §13)",
+    )
+    p.add_argument("--repeats", type=int, default=2, help="study.repeats of the StudyRunner runs")
+    p.add_argument(
+        "--baseline-measurements", type=int, default=3,
+        help="study.baseline_measurements of the StudyRunner runs (the quickstart: 1)",
+    )  # fmt: skip
+    p.add_argument(
         "--explain",
         action="store_true",
         help="print each run's launches, observations and decisions; write nothing",
@@ -254,6 +281,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     if args.only:
         strategies = [s for s in strategies if s.name in args.only]
+    strategies = with_settings(strategies, args.noise, args.repeats, args.baseline_measurements)
     groups = {g: GROUPS[g] for g in args.stages}  # the staged runs' stage order
     if args.explain:
         return explain(land, base, groups, strategies, args.seeds, args.slo)

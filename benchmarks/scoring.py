@@ -7,6 +7,7 @@ hypervolume of everything launched so far relative to the grid's.
 
 from __future__ import annotations
 
+import itertools
 import math
 import statistics
 from collections.abc import Sequence
@@ -82,6 +83,17 @@ def first_reaching(scores: Sequence[float]) -> int | None:
     return next((i + 1 for i, s in enumerate(scores) if s >= TARGET - 1e-12), None)
 
 
+def worse_switches(selected: Sequence[Key | None], scores: Sequence[float]) -> int:
+    """How often the run traded what it held for a configuration truly worse by more than the
+    target's resolution (3 % of the optimum, or truly infeasible): noise taken for a gain."""
+    held = list(zip(selected, scores, strict=True))
+    return sum(
+        1
+        for (k0, s0), (k1, s1) in itertools.pairwise(held)
+        if k0 is not None and k1 != k0 and s1 < s0 - (1 - TARGET)
+    )
+
+
 def baseline_launches(trace: RunTrace) -> int:
     """How many of the run's first launches measured the baseline (StudyRunner runs: 3)."""
     n = sum(1 for launch in trace.launches if launch.label == "baseline")
@@ -116,6 +128,7 @@ def summarize_run(trace: RunTrace, land: Landscape, ref: Reference) -> dict[str,
         "trials_to_97_stored_baseline": without_baseline(reached, stored),
         "trials_to_97_seen_stored_baseline": without_baseline(seen, stored),
         "final_score": round(scores[-1], 4) if scores else 0.0,
+        "worse_switches": worse_switches(trace.selected, scores),
         "final_config": None if last is None else land.params_of(last),
         "distinct_configs": len({launch.key for launch in trace.launches}),
         "failed_launches": sum(not launch.observed.ok for launch in trace.launches),
@@ -167,6 +180,8 @@ def aggregate(rows: Sequence[dict[str, Any]], grid_size: int) -> list[dict[str, 
             # handed over a truly feasible configuration at the end (whatever its score)
             "final_feasible": f"{sum(1 for r in mine if r['final_score'] > 0)}/{len(mine)}",
             "median_final_score": round(statistics.median(r["final_score"] for r in mine), 4),
+            # runs that once handed over something truly worse than what they held
+            "switched_worse": f"{sum(1 for r in mine if r['worse_switches'])}/{len(mine)}",
             "median_launches": statistics.median(r["launches"] for r in mine),
             "independent_samples": statistics.median(r["independent_samples"] for r in mine),
         }  # fmt: skip
