@@ -163,3 +163,25 @@ def test_staged_strategies_are_built_for_each_sampler_budget_and_refinement(
     joint = [s for s in strategies if s.strategy == "joint"]
     assert {s.sampler for s in joint} == {"tpe", "gp", "nsga2", "random"}
     assert not any(s.strategy == "staged" for s in replay.default_strategies([10], [4], 0, []))
+
+
+def test_each_noise_rule_replays_every_strategy_with_the_settings_given(
+    replay: ModuleType,
+) -> None:
+    base = replay.default_strategies([10], [4], 0, ["tpe"])
+    out = replay.with_settings(base, ["pooled", "pair"], 1, 1)
+    assert [s.name for s in out] == [s.name for s in base] + [f"{s.name}_pair" for s in base]
+    assert {s.noise for s in out[: len(base)]} == {"pooled"}
+    assert {s.noise for s in out[len(base) :]} == {"pair"}
+    assert all(s.repeats == 1 and s.baseline_measurements == 1 for s in out)
+
+
+def test_a_switch_to_a_truly_worse_configuration_is_counted() -> None:
+    from benchmarks.scoring import worse_switches
+
+    # held a (0.95), took b (0.90: 5 points worse), then c (0.93), then d (0.0: infeasible);
+    # the first None -> a is no switch, b -> c is better, c -> c is no switch
+    selected = [None, "a", "b", "c", "c", "d"]
+    assert worse_switches(selected, [0.0, 0.95, 0.90, 0.93, 0.93, 0.0]) == 2
+    # within the target's 3 points: not counted
+    assert worse_switches(["a", "b"], [0.95, 0.93]) == 0
