@@ -22,6 +22,7 @@ SMALL = [
     "study.stages=[batching]",
     "study.trials_per_stage=2",
     "study.repeats=1",
+    "study.baseline_measurements=1",
     "workload.warmup_s=2",
     "workload.window_s=4",
     "workload.concurrency=8",

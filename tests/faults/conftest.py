@@ -32,6 +32,7 @@ LAUNCHER = Path(__file__).with_name("launcher.py")
 FAST = [
     "study.stages=[batching]",
     "study.repeats=0",
+    "study.baseline_measurements=1",
     "search_space=[batching_coarse]",
     # The baseline is a point of the space (seeded as trial 0) and every proposal is launched:
     # the fault plans count launches, one step each.

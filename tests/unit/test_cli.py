@@ -70,6 +70,7 @@ BAD_INPUT = [
     (["trial", "telemetry.interval_s=0"], "interval_s"),
     (["run", "study.storage=notaurl"], "storage"),
     (["run", "sampler=annealing"], "annealing"),
+    (["run", "study.noise=loud"], "study.noise"),
     (["run", "objectives.names=[speed]"], "speed"),
     (["run", "objectives.select_by=speed"], "speed"),
     (["run", "objectives.constraints=[nope]"], "nope"),
