@@ -225,6 +225,11 @@ class StudyConfig:
     max_consecutive_failures: int = 4
     seed: int = 0
 
+    @property
+    def pools_noise(self) -> bool:
+        """The acceptance rule's noise is the study's pooled repeats (tuner/noise.py)."""
+        return self.noise == "pooled"
+
     def validate(self, groups: list[str]) -> None:
         if self.strategy not in ("staged", "joint"):
             raise ConfigError(f"study.strategy must be 'staged' or 'joint', got {self.strategy!r}")

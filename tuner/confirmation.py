@@ -47,7 +47,7 @@ class Confirmation:
             self.noise.add(decision.candidate_params, decision.candidate_values)
 
     def pooled(self) -> NoiseEstimate | None:
-        return self.noise.estimate() if self.config.study.noise == "pooled" else None
+        return self.noise.estimate() if self.config.study.pools_noise else None
 
     def decide(self, study: optuna.Study, stage: Stage, incumbent: Incumbent) -> Decision:
         """Re-measure winner and incumbent interleaved; accept only beyond the noise."""
