@@ -55,7 +55,7 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks import headroom  # noqa: E402
 from tuner.cli import compose  # noqa: E402
-from tuner.config import LengthDist, RequestClass, SloConfig, WorkloadConfig  # noqa: E402
+from tuner.config import SloConfig  # noqa: E402
 from tuner.loadgen import LocustLoadGenerator, Target  # noqa: E402
 from tuner.loadgen.workload import build_plan  # noqa: E402
 from tuner.measure import Measurements, measure  # noqa: E402
@@ -68,6 +68,7 @@ from tuner.telemetry.metrics import (  # noqa: E402
     over_server,
     scrape,
 )
+from tuner.traffic import LengthDist, RequestClass, WorkloadConfig  # noqa: E402
 
 DEFAULT_OUT = ROOT / "benchmarks" / "results"
 METRICS = ("ttft", "tpot", "e2e")

@@ -20,10 +20,11 @@ from typing import Any
 import numpy as np
 import psutil
 
-from tuner.config import LengthDist, RequestClass, SloConfig, WorkloadConfig
+from tuner.config import SloConfig
 from tuner.loadgen import LocustLoadGenerator, Target
 from tuner.measure import measure
 from tuner.records import read_records
+from tuner.traffic import LengthDist, RequestClass, WorkloadConfig
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -1,5 +1,7 @@
 """Typed configuration: one dataclass per Hydra config group, registered in the ConfigStore.
 
+The ``workload`` group's classes live in :mod:`tuner.traffic`.
+
 The YAML files under ``conf/`` mirror these classes; the CLI composes them with Hydra and
 converts once with ``OmegaConf.to_object`` (:func:`to_config`). Nothing below the CLI sees a
 DictConfig. Validation that needs more than a type lives in :meth:`validate` methods, which raise
@@ -8,13 +10,13 @@ DictConfig. Validation that needs more than a type lives in :meth:`validate` met
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from tuner.errors import ConfigError
 from tuner.noise import RULES
+from tuner.traffic import WorkloadConfig
 
 MISSING_MODEL = "???"
 
@@ -54,84 +56,6 @@ class ServerConfig:
             raise ConfigError(f"server.port must be 0..65535, got {self.port}")
         if self.startup_timeout_s <= 0 or self.stop_grace_s < 0:
             raise ConfigError("server.startup_timeout_s must be > 0 and stop_grace_s >= 0")
-
-
-@dataclass
-class LengthDist:
-    """A token-length distribution. kind: fixed | uniform | normal | lognormal."""
-
-    kind: str = "fixed"
-    mean: float = 128.0
-    std: float = 0.0
-    low: int = 1
-    high: int = 1_000_000
-
-    def validate(self, where: str) -> None:
-        if self.kind not in ("fixed", "uniform", "normal", "lognormal"):
-            raise ConfigError(
-                f"{where}.kind={self.kind!r} is unknown",
-                hint="use one of fixed, uniform, normal, lognormal",
-            )
-        if self.mean < 1 or self.low < 1 or self.high < self.low or self.std < 0:
-            raise ConfigError(f"{where}: need mean >= 1, 1 <= low <= high, std >= 0")
-
-
-@dataclass
-class RequestClass:
-    """One kind of request in the traffic mix."""
-
-    name: str = "default"
-    weight: float = 1.0
-    api: str = "completions"  # completions | chat
-    prompt_tokens: LengthDist = field(default_factory=lambda: LengthDist(mean=256))
-    output_tokens: LengthDist = field(default_factory=lambda: LengthDist(mean=64))
-
-
-@dataclass
-class WorkloadConfig:
-    """The traffic a trial offers: mix, arrivals, warm-up, window, timeouts."""
-
-    classes: list[RequestClass] = field(default_factory=lambda: [RequestClass()])
-    mode: str = "closed"  # closed: `concurrency` users in a loop; open: `rate` req/s arrivals
-    concurrency: int = 32
-    rate: float = 10.0
-    burstiness: float = 1.0  # gamma shape; 1 = Poisson
-    warmup_s: float = 5.0
-    window_s: float = 30.0
-    max_requests: int = 0  # > 0: the window also ends after this many measured requests
-    request_timeout_s: float = 120.0
-    drain_timeout_s: float = 60.0  # let requests started in the window finish
-    dataset: str | None = None  # JSONL of {"prompt": ..., "max_tokens": ...}
-    processes: int = 1
-    seed: int = 0
-
-    def validate(self) -> None:
-        if self.mode not in ("closed", "open"):
-            raise ConfigError(f"workload.mode must be 'closed' or 'open', got {self.mode!r}")
-        if self.concurrency < 1:
-            raise ConfigError(f"workload.concurrency must be >= 1, got {self.concurrency}")
-        if self.mode == "open" and self.rate <= 0:
-            raise ConfigError(f"workload.rate must be > 0 in open mode, got {self.rate}")
-        if self.burstiness <= 0:
-            raise ConfigError(f"workload.burstiness must be > 0, got {self.burstiness}")
-        if self.window_s <= 0 or self.warmup_s < 0 or self.request_timeout_s <= 0:
-            raise ConfigError("workload: window_s and request_timeout_s must be > 0, warmup_s >= 0")
-        if not self.classes:
-            raise ConfigError("workload.classes is empty", hint="give at least one request class")
-        for i, rc in enumerate(self.classes):
-            if rc.weight <= 0 or rc.api not in ("completions", "chat"):
-                raise ConfigError(
-                    f"workload.classes[{i}]: weight must be > 0, api completions|chat"
-                )
-            rc.prompt_tokens.validate(f"workload.classes[{i}].prompt_tokens")
-            rc.output_tokens.validate(f"workload.classes[{i}].output_tokens")
-        if self.processes < 1:
-            raise ConfigError(f"workload.processes must be >= 1, got {self.processes}")
-        if self.dataset and not os.path.isfile(self.dataset):
-            raise ConfigError(
-                f"workload.dataset {self.dataset!r} is not a file",
-                hint='give a JSONL file of {"prompt": ...} lines, or leave it unset',
-            )
 
 
 @dataclass
@@ -229,6 +153,7 @@ class StudyConfig:
     def pools_noise(self) -> bool:
         """The acceptance rule's noise is the study's pooled repeats (tuner/noise.py)."""
         return self.noise == "pooled"
+
 
     def validate(self, groups: list[str]) -> None:
         if self.strategy not in ("staged", "joint"):

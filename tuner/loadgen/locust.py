@@ -21,12 +21,12 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from tuner.config import WorkloadConfig
 from tuner.errors import ArtifactError, LoadGenError
 from tuner.loadgen.base import LoadResult, Target, register_load_generator
 from tuner.loadgen.workload import build_plan, write_plan
 from tuner.process import reap, spawn
 from tuner.records import PHASE_MEASURE, PHASE_WARMUP, RequestRecord, read_records, write_records
+from tuner.traffic import WorkloadConfig
 
 LOCUSTFILE = Path(__file__).with_name("locustfile.py")
 RECORDS_PREFIX = "records"  # per process: records-<pid>.jsonl and records-<pid>.run.json
