@@ -127,6 +127,7 @@ class StudyStrategy:
     refine_trials: int = 0  # staged only: study.refine_trials (a last joint stage)
     baseline_measurements: int = 3  # study.baseline_measurements (the schema's default)
     noise: str = "pooled"  # study.noise: the acceptance rule's noise estimate
+    count_search_window: bool = False  # study.count_search_window
 
 
 def study_config(
@@ -142,6 +143,7 @@ def study_config(
     )  # fmt: skip
     config.study.refine_trials = s.refine_trials
     config.study.baseline_measurements, config.study.noise = s.baseline_measurements, s.noise
+    config.study.count_search_window = s.count_search_window
     config.study.storage = f"sqlite:///{folder}/replay.db"
     config.study.max_consecutive_failures = 10_000  # report the path, do not stop on failures
     config.study.max_failure_rate = 1.0

@@ -120,14 +120,23 @@ def default_strategies(
     return out
 
 
+# --search-window: whether the acceptance rule counts the stage winner's search window
+SEARCH_WINDOW = {"drop": False, "count": True}
+
+
 def with_settings(
-    strategies: Sequence[StudyStrategy], rules: Sequence[str], repeats: int, baselines: int
-) -> list[StudyStrategy]:
-    """Each strategy under each noise rule (named <strategy>_<rule> unless pooled), with these
+    strategies: Sequence[StudyStrategy], rules: Sequence[str], windows: Sequence[str],
+    repeats: int, baselines: int,
+) -> list[StudyStrategy]:  # fmt: skip
+    """Each strategy under each noise rule and search-window setting (named
+    <strategy>[_<rule>][_count] where they differ from the defaults pooled and drop), with these
     repeats and baseline measurements."""
     return [
-        replace(s, name=s.name if rule == "pooled" else f"{s.name}_{rule}", noise=rule,
+        replace(s, name=s.name + ("" if rule == "pooled" else f"_{rule}")
+                + ("_count" if SEARCH_WINDOW[window] else ""),
+                noise=rule, count_search_window=SEARCH_WINDOW[window],
                 repeats=repeats, baseline_measurements=baselines)
+        for window in windows
         for rule in rules
         for s in strategies
     ]  # fmt: skip
@@ -251,6 +260,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="study.noise of the StudyRunner runs; each rule after 'pooled' adds every strategy "
         "again, named <strategy>_<rule> (benchmarks/README.md §13)",
     )
+    p.add_argument(
+        "--search-window",
+        nargs="+",
+        choices=list(SEARCH_WINDOW),
+        default=["drop"],
+        help="study.count_search_window of the StudyRunner runs (drop: false); 'count' adds every "
+        "strategy again, named <strategy>_count (benchmarks/README.md §14)",
+    )
     p.add_argument("--repeats", type=int, default=2, help="study.repeats of the StudyRunner runs")
     p.add_argument(
         "--baseline-measurements", type=int, default=3,
@@ -281,7 +298,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     if args.only:
         strategies = [s for s in strategies if s.name in args.only]
-    strategies = with_settings(strategies, args.noise, args.repeats, args.baseline_measurements)
+    strategies = with_settings(
+        strategies, args.noise, args.search_window, args.repeats, args.baseline_measurements
+    )
     groups = {g: GROUPS[g] for g in args.stages}  # the staged runs' stage order
     if args.explain:
         return explain(land, base, groups, strategies, args.seeds, args.slo)

@@ -155,20 +155,23 @@ def decide(
 
 
 def resolvable_gain(
-    samples: Sequence[float], repeats: int, min_gain: float, pooled: bool = True
-) -> float | None:
+    samples: Sequence[float], repeats: int, min_gain: float, pooled: bool = True,
+    candidate_windows: int | None = None,
+) -> float | None:  # fmt: skip
     """The smallest relative gain a stage can accept over an incumbent measured as ``samples``.
 
     The rule's threshold, relative to the incumbent's mean, when the candidate is as noisy as
-    the incumbent: ``len(samples) + repeats`` incumbent measurements against ``1 + repeats`` of
-    the candidate (its search trial and its confirmations); the pooled rule's estimate then
-    rests on those measurements (and grows more certain in later stages). None with fewer than
-    two finite samples: one window says nothing about the noise.
+    the incumbent: ``len(samples) + repeats`` incumbent measurements against
+    ``candidate_windows`` of the candidate (default ``1 + repeats``: its search trial and its
+    confirmations); the pooled rule's estimate then rests on those measurements (and grows more
+    certain in later stages). None with fewer than two finite samples: one window says nothing
+    about the noise.
     """
     x = np.asarray(samples, float)
     if len(x) < 2 or not np.all(np.isfinite(x)) or x.mean() == 0:
         return None
-    n_inc, n_cand = len(x) + repeats, 1 + repeats
+    n_inc = len(x) + repeats
+    n_cand = 1 + repeats if candidate_windows is None else candidate_windows
     if pooled:  # the first stage's pool: both sides' repeats, at the baseline's spread
         est = NoiseEstimate(NoiseEstimate.of(list(x)).rel_sd, n_inc + n_cand - 2)
         noise = est.threshold(n_inc, n_cand, float(x.mean()))
@@ -179,10 +182,11 @@ def resolvable_gain(
 
 
 def resolution_line(
-    objective: str, samples: Sequence[float], repeats: int, min_gain: float, pooled: bool = True
-) -> str:
+    objective: str, samples: Sequence[float], repeats: int, min_gain: float, pooled: bool = True,
+    candidate_windows: int | None = None,
+) -> str:  # fmt: skip
     """What the baseline's spread means for the study, said once before the stages start."""
-    gain = resolvable_gain(samples, repeats, min_gain, pooled)
+    gain = resolvable_gain(samples, repeats, min_gain, pooled, candidate_windows)
     if gain is None:
         return f"baseline {objective}: one window, its noise unknown until a stage re-measures it"
     x = np.asarray(samples, float)

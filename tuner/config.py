@@ -144,6 +144,10 @@ class StudyConfig:
     baseline_measurements: int = 3
     min_gain: float = 0.02  # relative gain of the selection objective needed to accept
     noise: str = "pooled"  # pooled (the study's repeats, tuner/noise.py) | pair (each comparison's)
+    # The stage winner's search window is the best of the stage's draws, so it reads high (the
+    # winner's curse): false keeps it out of the acceptance rule, which then judges the winner on
+    # its fresh confirmation windows only (with repeats: 0 it is all there is, and counts).
+    count_search_window: bool = False
     storage: str | None = None  # SQLAlchemy URL; None = SQLite in studies/<name>/optuna.db
     max_failure_rate: float = 0.6
     max_consecutive_failures: int = 4
@@ -154,6 +158,15 @@ class StudyConfig:
         """The acceptance rule's noise is the study's pooled repeats (tuner/noise.py)."""
         return self.noise == "pooled"
 
+    @property
+    def keeps_search_window(self) -> bool:
+        """The winner's (selected, upward-biased) search window counts among its measurements."""
+        return self.count_search_window or self.repeats == 0
+
+    @property
+    def candidate_windows(self) -> int:
+        """How many selection-objective values the acceptance rule has of a stage's winner."""
+        return self.repeats + int(self.keeps_search_window)
 
     def validate(self, groups: list[str]) -> None:
         if self.strategy not in ("staged", "joint"):

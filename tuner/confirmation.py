@@ -5,6 +5,8 @@ earlier; both are measured ``study.repeats`` more times in alternation (storage 
 ``<name>:confirm``, one trial per tagged slot, so a resumed run re-uses what it has) and
 :func:`tuner.acceptance.decide` keeps the winner only beyond the noise. The noise is the
 study's own (:class:`tuner.noise.NoisePool`): every configuration it measured more than once.
+The winner's search window is left out (``study.count_search_window``): it was picked as the
+best of the stage's draws, so luck picked it too and its value reads high.
 """
 
 from __future__ import annotations
@@ -81,15 +83,17 @@ class Confirmation:
         cand_params: dict[str, Any],
         winner: optuna.trial.FrozenTrial,
     ) -> tuple[Repeats, Repeats]:
-        """The incumbent's and the candidate's measurements: the one each already has, then
-        ``study.repeats`` more of each, interleaved."""
+        """The incumbent's measurements, the candidate's search window where it counts
+        (``study.count_search_window``), then ``study.repeats`` more of each, interleaved."""
         idx = self.evaluator.select_index
         confirm = self.open_study(f"{self.config.name}:confirm")
         # Its earlier measurements count as many times as they are (their constraints are only
         # kept as means: repeated so that the new mean weighs every measurement alike).
         samples = incumbent.samples or [incumbent.values[idx]]
         inc = Repeats(list(samples), [dict(incumbent.constraints)] * len(samples))
-        cand = Repeats([winner.values[idx]], [dict(winner.constraints)])
+        cand = Repeats([], [])
+        if self.config.study.keeps_search_window:
+            cand = Repeats([winner.values[idx]], [dict(winner.constraints)])
         for rnd in range(self.config.study.repeats):
             for role, params, out in (
                 ("incumbent", incumbent.params, inc),

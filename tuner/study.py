@@ -192,7 +192,7 @@ class StudyRunner:
         self.confirmation.noise.add(baseline.params, baseline.samples)
         cfg = self.config.study
         self.say(resolution_line(self.evaluator.select_by, baseline.samples, cfg.repeats,
-                                 cfg.min_gain, cfg.pools_noise))  # fmt: skip
+                                 cfg.min_gain, cfg.pools_noise, cfg.candidate_windows))  # fmt: skip
         return baseline
 
     def _measure_baseline(self, study: optuna.Study) -> optuna.trial.FrozenTrial:

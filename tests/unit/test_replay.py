@@ -169,11 +169,23 @@ def test_each_noise_rule_replays_every_strategy_with_the_settings_given(
     replay: ModuleType,
 ) -> None:
     base = replay.default_strategies([10], [4], 0, ["tpe"])
-    out = replay.with_settings(base, ["pooled", "pair"], 1, 1)
+    out = replay.with_settings(base, ["pooled", "pair"], ["drop"], 1, 1)
     assert [s.name for s in out] == [s.name for s in base] + [f"{s.name}_pair" for s in base]
     assert {s.noise for s in out[: len(base)]} == {"pooled"}
     assert {s.noise for s in out[len(base) :]} == {"pair"}
     assert all(s.repeats == 1 and s.baseline_measurements == 1 for s in out)
+    assert not any(s.count_search_window for s in out)
+
+
+def test_counting_the_search_window_replays_every_strategy_again_and_reaches_the_study(
+    replay: ModuleType, tmp_path: Path
+) -> None:
+    base = replay.default_strategies([10], [4], 0, ["tpe"])
+    out = replay.with_settings(base, ["pooled"], ["drop", "count"], 2, 3)
+    assert [s.name for s in out] == [s.name for s in base] + [f"{s.name}_count" for s in base]
+    assert [s.count_search_window for s in out] == [False] * len(base) + [True] * len(base)
+    config = replay.study_config(replay.base_config(), out[-1], {}, 2.0, 0, tmp_path)
+    assert config.study.count_search_window and config.study.candidate_windows == 3
 
 
 def test_a_switch_to_a_truly_worse_configuration_is_counted() -> None:
