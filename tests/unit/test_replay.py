@@ -197,3 +197,24 @@ def test_a_switch_to_a_truly_worse_configuration_is_counted() -> None:
     assert worse_switches(selected, [0.0, 0.95, 0.90, 0.93, 0.93, 0.0]) == 2
     # within the target's 3 points: not counted
     assert worse_switches(["a", "b"], [0.95, 0.93]) == 0
+
+
+def test_acceptance_rules_puts_each_strategys_two_settings_side_by_side() -> None:
+    from benchmarks.acceptance_rules import SETTINGS, pairs
+
+    def run(name: str, seed: int, score: float, worse: int, config: str) -> dict[str, object]:
+        return {"strategy": name, "seed": seed, "final_score": score, "worse_switches": worse,
+                "final_config": config}  # fmt: skip
+
+    line = {"reached_97": "1/2", "final_feasible": "2/2", "median_final_score": 0.9,
+            "switched_worse": "0/2", "median_launches": 12.0}  # fmt: skip
+    result = {
+        "summary": [{**line, "strategy": "s"}, {**line, "strategy": "s_count"},
+                    {**line, "strategy": "lone"}],
+        "runs": [run("s", 0, 1.0, 0, "a"), run("s", 1, 0.8, 0, "b"),
+                 run("s_count", 0, 1.0, 0, "a"), run("s_count", 1, 0.6, 2, "c")],
+    }  # fmt: skip
+    (row,) = pairs(result, "here", SETTINGS["window"])  # "lone" has no counterpart
+    assert row["strategy"] == "s" and row["seeds_differing"] == 1
+    assert row["worse_switches"] == "0 \\| 2"
+    assert row["mean_final_score"] == "0.900 \\| 0.800"
