@@ -252,26 +252,20 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="the staged runs' stage order (default: batching, runtime: §1-§2's replays)",
     )
     p.add_argument("--only", nargs="+", default=None, help="run only these StudyRunner strategies")
-    p.add_argument(
-        "--noise",
-        nargs="+",
-        choices=list(NOISE_RULES),
-        default=["pooled"],
-        help="study.noise of the StudyRunner runs; each rule after 'pooled' adds every strategy "
-        "again, named <strategy>_<rule> (benchmarks/README.md §13)",
-    )
-    p.add_argument(
-        "--search-window",
-        nargs="+",
-        choices=list(SEARCH_WINDOW),
-        default=["drop"],
-        help="study.count_search_window of the StudyRunner runs (drop: false); 'count' adds every "
-        "strategy again, named <strategy>_count (benchmarks/README.md §14)",
-    )
+    # Acceptance settings: each value after the default replays every strategy again.
+    for flag, values, key, section in (
+        ("--noise", list(NOISE_RULES), "study.noise", "§13"),
+        ("--search-window", list(SEARCH_WINDOW), "study.count_search_window", "§14"),
+    ):
+        p.add_argument(
+            flag, nargs="+", choices=values, default=values[:1],
+            help=f"{key} of the StudyRunner runs; each value after {values[0]!r} adds every "
+            f"strategy again, named <strategy>_<value> (benchmarks/README.md {section})",
+        )  # fmt: skip
     p.add_argument("--repeats", type=int, default=2, help="study.repeats of the StudyRunner runs")
     p.add_argument(
         "--baseline-measurements", type=int, default=3,
-        help="study.baseline_measurements of the StudyRunner runs (the quickstart: 1)",
+        help="study.baseline_measurements of the StudyRunner runs (the quickstart: 2)",
     )  # fmt: skip
     p.add_argument(
         "--explain",
