@@ -7,8 +7,8 @@ same seeds; this puts each strategy's two runs side by side → ``results/<setti
 
 - ``noise`` (§13, ``replay.py --noise pooled pair``): study.noise, pooled | pair; with each
   measured table's pooled noise in its two throughput columns;
-- ``window`` (§14, ``replay.py --search-window drop count``): study.count_search_window,
-  false | true.
+- ``window`` (§14, ``replay.py --search-window count drop``): study.count_search_window,
+  true | false.
 
     .venv/bin/python benchmarks/acceptance_rules.py noise window
 """
@@ -51,7 +51,7 @@ class Setting:
 
 SETTINGS = {
     "noise": Setting("_pair", ("pooled", "pair"), "study.noise"),
-    "window": Setting("_count", ("drop", "count"), "study.count_search_window false | true"),
+    "window": Setting("_drop", ("count", "drop"), "study.count_search_window true | false"),
 }
 
 

@@ -127,7 +127,7 @@ class StudyStrategy:
     refine_trials: int = 0  # staged only: study.refine_trials (a last joint stage)
     baseline_measurements: int = 3  # study.baseline_measurements (the schema's default)
     noise: str = "pooled"  # study.noise: the acceptance rule's noise estimate
-    count_search_window: bool = False  # study.count_search_window
+    count_search_window: bool = True  # study.count_search_window
 
 
 def study_config(

@@ -121,7 +121,7 @@ def default_strategies(
 
 
 # --search-window: whether the acceptance rule counts the stage winner's search window
-SEARCH_WINDOW = {"drop": False, "count": True}
+SEARCH_WINDOW = {"count": True, "drop": False}
 
 
 def with_settings(
@@ -129,11 +129,11 @@ def with_settings(
     repeats: int, baselines: int,
 ) -> list[StudyStrategy]:  # fmt: skip
     """Each strategy under each noise rule and search-window setting (named
-    <strategy>[_<rule>][_count] where they differ from the defaults pooled and drop), with these
+    <strategy>[_<rule>][_drop] where they differ from the defaults pooled and count), with these
     repeats and baseline measurements."""
     return [
         replace(s, name=s.name + ("" if rule == "pooled" else f"_{rule}")
-                + ("_count" if SEARCH_WINDOW[window] else ""),
+                + ("" if SEARCH_WINDOW[window] else "_drop"),
                 noise=rule, count_search_window=SEARCH_WINDOW[window],
                 repeats=repeats, baseline_measurements=baselines)
         for window in windows

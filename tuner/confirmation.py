@@ -5,8 +5,9 @@ earlier; both are measured ``study.repeats`` more times in alternation (storage 
 ``<name>:confirm``, one trial per tagged slot, so a resumed run re-uses what it has) and
 :func:`tuner.acceptance.decide` keeps the winner only beyond the noise. The noise is the
 study's own (:class:`tuner.noise.NoisePool`): every configuration it measured more than once.
-The winner's search window is left out (``study.count_search_window``): it was picked as the
-best of the stage's draws, so luck picked it too and its value reads high.
+The winner's search window counts unless ``study.count_search_window`` is false: it was picked
+as the best of the stage's draws, so luck picked it too and it reads high (benchmarks/README.md
+§14 weighs that against the power the extra window gives).
 """
 
 from __future__ import annotations

@@ -105,8 +105,8 @@ def _winner_accept_rate(cv: float, count_window: bool, k: int = 4) -> float:
 @pytest.mark.parametrize("cv", [0.05, 0.10])
 def test_the_winners_search_window_makes_luck_look_like_a_gain(cv: float) -> None:
     """The winner's curse: the best of 4 equal configurations' search windows reads high.
-    Counted, it lets an equal configuration through in ~6-7 % of stages; left out (tuner's
-    default, study.count_search_window=false), the rule keeps near its nominal rate."""
+    Counted (tuner's default), it lets an equal configuration through in ~6-7 % of stages;
+    left out (study.count_search_window=false), the rule keeps near its nominal rate."""
     counted = _winner_accept_rate(cv, count_window=True)
     dropped = _winner_accept_rate(cv, count_window=False)
     assert counted > 0.05 and dropped < 0.045 and counted > 1.5 * dropped

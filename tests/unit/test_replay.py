@@ -169,23 +169,25 @@ def test_each_noise_rule_replays_every_strategy_with_the_settings_given(
     replay: ModuleType,
 ) -> None:
     base = replay.default_strategies([10], [4], 0, ["tpe"])
-    out = replay.with_settings(base, ["pooled", "pair"], ["drop"], 1, 1)
+    out = replay.with_settings(base, ["pooled", "pair"], ["count"], 1, 1)
     assert [s.name for s in out] == [s.name for s in base] + [f"{s.name}_pair" for s in base]
     assert {s.noise for s in out[: len(base)]} == {"pooled"}
     assert {s.noise for s in out[len(base) :]} == {"pair"}
     assert all(s.repeats == 1 and s.baseline_measurements == 1 for s in out)
-    assert not any(s.count_search_window for s in out)
+    assert all(s.count_search_window for s in out)
 
 
-def test_counting_the_search_window_replays_every_strategy_again_and_reaches_the_study(
+def test_dropping_the_search_window_replays_every_strategy_again_and_reaches_the_study(
     replay: ModuleType, tmp_path: Path
 ) -> None:
     base = replay.default_strategies([10], [4], 0, ["tpe"])
-    out = replay.with_settings(base, ["pooled"], ["drop", "count"], 2, 3)
-    assert [s.name for s in out] == [s.name for s in base] + [f"{s.name}_count" for s in base]
-    assert [s.count_search_window for s in out] == [False] * len(base) + [True] * len(base)
+    out = replay.with_settings(base, ["pooled"], ["count", "drop"], 2, 3)
+    assert [s.name for s in out] == [s.name for s in base] + [f"{s.name}_drop" for s in base]
+    assert [s.count_search_window for s in out] == [True] * len(base) + [False] * len(base)
     config = replay.study_config(replay.base_config(), out[-1], {}, 2.0, 0, tmp_path)
-    assert config.study.count_search_window and config.study.candidate_windows == 3
+    assert not config.study.count_search_window and config.study.candidate_windows == 2
+    config.study.repeats = 0  # then the window is all the winner has, and counts
+    assert config.study.keeps_search_window and config.study.candidate_windows == 1
 
 
 def test_a_switch_to_a_truly_worse_configuration_is_counted() -> None:
@@ -209,10 +211,10 @@ def test_acceptance_rules_puts_each_strategys_two_settings_side_by_side() -> Non
     line = {"reached_97": "1/2", "final_feasible": "2/2", "median_final_score": 0.9,
             "switched_worse": "0/2", "median_launches": 12.0}  # fmt: skip
     result = {
-        "summary": [{**line, "strategy": "s"}, {**line, "strategy": "s_count"},
+        "summary": [{**line, "strategy": "s"}, {**line, "strategy": "s_drop"},
                     {**line, "strategy": "lone"}],
         "runs": [run("s", 0, 1.0, 0, "a"), run("s", 1, 0.8, 0, "b"),
-                 run("s_count", 0, 1.0, 0, "a"), run("s_count", 1, 0.6, 2, "c")],
+                 run("s_drop", 0, 1.0, 0, "a"), run("s_drop", 1, 0.6, 2, "c")],
     }  # fmt: skip
     (row,) = pairs(result, "here", SETTINGS["window"])  # "lone" has no counterpart
     assert row["strategy"] == "s" and row["seeds_differing"] == 1

@@ -166,7 +166,7 @@ class Scripted:
     def __init__(
         self, replay: ModuleType, folder: Path, script: dict[Any, list[Any]], baselines: int = 1,
         space: dict[str, dict[str, ParamSpec]] | None = None, noise: str = "pooled",
-        stages: list[str] | None = None, count_search_window: bool = False,
+        stages: list[str] | None = None, count_search_window: bool = True,
     ) -> None:  # fmt: skip
         self.replay, self.script = replay, {k: list(v) for k, v in script.items()}
         strategy = replay.StudyStrategy(
@@ -226,8 +226,8 @@ def test_the_winners_search_window_counts_only_when_asked(
     replay: ModuleType, tmp_path: Path, count: bool
 ) -> None:
     """The winner's search window was the best of the stage's draws: +7 %, where its two fresh
-    windows say +2.6 %, under min_gain (3 %). Left out (the default), the winner is judged on
-    the fresh ones and kept out; counted, the lucky window lifts its mean past the threshold."""
+    windows say +2.6 %, under min_gain (3 %). Counted (the default), the lucky window lifts its
+    mean past the threshold; left out, the winner is judged on the fresh ones and kept out."""
     run = Scripted(replay, tmp_path, {
         None: [(1000, 2.0), (1010, 2.0), (990, 2.0), (1000, 2.0), (1005, 2.0)],
         16: [(950, 2.0)],
@@ -269,11 +269,11 @@ def test_a_later_stage_is_judged_with_the_noise_an_earlier_one_saw(
     if noise == "pair":
         assert second.accepted and second.noise_df is None
         return
-    # stage 1: the baseline's 3 windows and 64's 2 confirmations (2 + 1 df); stage 2 adds 2
-    # windows of the baseline and 512's 2 confirmations (4 + 1 + 1 df)
-    assert (first.noise_df, second.noise_df) == (3, 6)
+    # stage 1: the baseline's 3 windows and 64's 3 (2 + 2 df); stage 2 adds 2 windows of the
+    # baseline and 512's 3 (4 + 2 + 2 df)
+    assert (first.noise_df, second.noise_df) == (4, 8)
     assert not second.accepted and second.noise > second.gain > 0.03 * 1000
-    assert "noise over 6 df" in second.line()
+    assert "noise over 8 df" in second.line()
 
 
 def test_a_failed_repeat_disqualifies_the_candidate(replay: ModuleType, tmp_path: Path) -> None:
