@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import shlex
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import optuna
@@ -91,6 +91,15 @@ class Evaluator:
         self.directions = [o.direction for o in self.selection.objectives]
         self.select_index = self.names.index(self.select_by)
         self.select_sign = 1.0 if self.directions[self.select_index] == "maximize" else -1.0
+
+    def scoring(self) -> dict[str, Any]:
+        """What a stored trial's values and constraints mean: its objectives in order, its
+        constraints, and the prices behind the cost objective."""
+        return {
+            "objectives": list(self.names),
+            "constraints": list(self.constraint_names),
+            "cost": asdict(self.config.cost),
+        }
 
     def _context(
         self, params: dict[str, Any], outcome: TrialOutcome | None

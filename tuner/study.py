@@ -26,7 +26,7 @@ from tuner import search_space
 from tuner.acceptance import Decision, resolution_line
 from tuner.config import TunerConfig
 from tuner.confirmation import Confirmation
-from tuner.errors import StudyFailedError, TunerError
+from tuner.errors import ConfigError, StudyFailedError, TunerError
 from tuner.evaluation import Evaluated, Evaluator
 from tuner.failure_budget import FailureBudget
 from tuner.fingerprint import digest
@@ -139,6 +139,7 @@ class StudyRunner:
     def run(self) -> StudyResult:
         self.paths.ensure()
         self.storage = open_storage(self.storage_url)
+        self._check_resumed()
         baseline = self._baseline()
         incumbent, decisions = baseline, []
         for stage in self.stages:
@@ -151,6 +152,24 @@ class StudyRunner:
             for st, study in zip(self.stages, self._done_stages, strict=True)
         }
         return StudyResult(baseline, incumbent, decisions, pareto)
+
+    def _check_objectives(self, study: optuna.Study) -> None:
+        """Refuse a stored study whose values are of other objectives, or in another order:
+        mixing them with this run's would compare seconds with tokens per second."""
+        if study.metric_names and study.metric_names != self.evaluator.names:
+            raise ConfigError(
+                f"storage study {study.study_name!r} holds objectives "
+                f"{', '.join(study.metric_names)}; this run measures "
+                f"{', '.join(self.evaluator.names)}",
+                hint="resume it with the objectives it was started with, or give this run a new "
+                "name=",
+            )
+
+    def _check_resumed(self) -> None:
+        """Check this study's stored stages before the first launch, not after a baseline."""
+        for name in optuna.get_all_study_names(self.storage):
+            if name.startswith(f"{self.config.name}:"):
+                self._check_objectives(optuna.load_study(study_name=name, storage=self.storage))
 
     def _open(self, name: str, stage: Stage | None = None) -> optuna.Study:
         sampler = None
@@ -165,6 +184,7 @@ class StudyRunner:
         )
         if not study.metric_names:
             study.set_metric_names(self.evaluator.names)
+        self._check_objectives(study)
         interrupted = fail_unfinished_trials(study, exclusive=self.exclusive)
         if interrupted:
             self.say(f"{name}: {interrupted} interrupted trial(s) marked failed; resuming")
@@ -172,8 +192,9 @@ class StudyRunner:
 
     # -- baseline ----------------------------------------------------------------------
     def _baseline(self) -> Incumbent:
-        """The control, measured ``study.baseline_measurements`` times per fingerprint."""
-        key = digest(self.fingerprint)
+        """The control, measured ``study.baseline_measurements`` times per fingerprint and way
+        of scoring it (a stored value means what its objectives and prices made it)."""
+        key = digest({**self.fingerprint, "scoring": self.evaluator.scoring()})
         study = self._open(f"baseline:{key}")
         study.set_user_attr("fingerprint", json.loads(json.dumps(self.fingerprint, default=str)))
         want = self.config.study.baseline_measurements

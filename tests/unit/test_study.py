@@ -337,3 +337,35 @@ def test_with_nothing_feasible_the_nearest_miss_is_re_measured(
         < 0
         < decision.incumbent_constraints["slo_p99_e2e"]
     )
+
+
+def test_a_study_that_reads_measurements_differently_does_not_reuse_the_baseline(
+    replay: ModuleType, tmp_path: Path
+) -> None:
+    """A stored baseline's values are in the order and units of the objectives it was told
+    with; a later study on the same host with other objectives re-measures it rather than
+    read P99 seconds as tokens per second."""
+    run = Scripted(replay, tmp_path, {
+        None: [(1000, 2.0)] + [(1100, 2.1)] * 5,
+        16: [(800, 2.9)] * 6,
+        64: [(900, 2.3)] * 6,
+    })  # fmt: skip
+    first = run.result.baseline
+    run.config.name = "other-objectives"
+    run.config.objectives.names = ["output_throughput", "p99_e2e_latency"]
+    again = run.run()
+    assert "reusing" not in " ".join(run.said)
+    assert again.baseline.samples == [1100]  # measured anew, read as tokens per second
+    assert again.baseline.values[0] == pytest.approx(1100) and first.values[1] == 1000
+
+
+def test_resuming_a_study_with_other_objectives_is_refused(
+    replay: ModuleType, tmp_path: Path
+) -> None:
+    run = Scripted(replay, tmp_path, {None: [(1000, 2.0)], 16: [(800, 2.9)], 64: [(900, 2.3)]})
+    run.config.objectives.names = ["output_throughput", "p99_e2e_latency"]
+    with pytest.raises(ConfigError) as err:
+        run.run()  # before any launch: the script holds no more windows
+    line = err.value.one_line()
+    assert f"storage study '{run.config.name}:first' holds objectives p99_e2e_latency" in line
+    assert "resume it with the objectives it was started with" in line
