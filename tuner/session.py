@@ -86,14 +86,7 @@ class Session:
 
     def summary_text(self, result: StudyResult) -> str:
         ev = self.runner.evaluator
-        lines = [
-            "",
-            f"study {self.config.name}: baseline vs final incumbent ({result.final.source})",
-        ]
-        for i, name in enumerate(ev.names):
-            base, final = result.baseline.values[i], result.final.values[i]
-            change = (final - base) / abs(base) if base not in (0.0,) else float("nan")
-            lines.append(f"  {name:<28} {base:>12.4g} -> {final:>12.4g}  ({change:+.1%})")
+        lines = ["", *outcome_lines(self.config.name, ev.names, ev.select_index, result)]
         lines.append(f"  params: {result.final.params or '(vLLM defaults + fixed args)'}")
         lines.append(f"  CPUs: {for_trial(self.config).describe()} (placement)")
         lines += ["decisions:"] + [f"  {d.line()}" for d in result.decisions]
@@ -116,6 +109,30 @@ class Session:
             with contextlib.suppress(OSError):
                 fcntl.flock(self._lock, fcntl.LOCK_UN)
                 self._lock.close()
+
+
+def outcome_lines(name: str, names: list[str], select_index: int, result: StudyResult) -> list[str]:
+    """What the study hands over, against the baseline. When no stage proved a gain the final
+    incumbent *is* the baseline: its values moved only because its repeats re-measured it, so
+    they are shown once, with the spread of its windows, not as a change."""
+    base, final = result.baseline, result.final
+    if final.source != base.source:
+        lines = [f"study {name}: baseline vs final incumbent ({final.source})"]
+        for i, objective in enumerate(names):
+            b, f = base.values[i], final.values[i]
+            change = (f - b) / abs(b) if b != 0.0 else float("nan")
+            lines.append(f"  {objective:<28} {b:>12.4g} -> {f:>12.4g}  ({change:+.1%})")
+        return lines
+    lines = [f"study {name}: the baseline stays: no stage proved a gain beyond the noise"]
+    lines += [f"  {o:<28} {v:>12.4g}" for o, v in zip(names, final.values, strict=True)]
+    windows = final.samples or [final.values[select_index]]
+    if len(windows) > 1:
+        lo, hi = min(windows), max(windows)
+        lines.append(
+            f"  {names[select_index]} over its {len(windows)} windows: {lo:.4g}-{hi:.4g} "
+            f"({(hi - lo) / abs(lo):.0%} apart; one configuration: that is the noise)"
+        )
+    return lines
 
 
 def _fmt(values: list[float]) -> str:

@@ -20,7 +20,7 @@ pytestmark = pytest.mark.e2e
 def test_study_on_postgresql_completes_with_stored_decision(small_study: SmallStudy) -> None:
     """The fixture ran `tuner run` on a real PostgreSQL server; check what it stored."""
     out, name = small_study.output, small_study.name
-    assert "baseline vs final incumbent" in out
+    assert f"study {name}: " in out
     studies = load_studies(small_study.storage)
     stage = studies[f"{name}:batching"]
     search = [t for t in stage.trials if t.user_attrs.get("role") == "search"]
@@ -30,6 +30,9 @@ def test_study_on_postgresql_completes_with_stored_decision(small_study: SmallSt
     decision = stage.user_attrs["decision"]
     assert decision["stage"] == "batching" and isinstance(decision["accepted"], bool)
     assert ("ACCEPTED" in out) == decision["accepted"]
+    # one stage: a kept baseline is shown once, a new incumbent as a change from it
+    assert ("baseline vs final incumbent" in out) == decision["accepted"]
+    assert ("the baseline stays: no stage proved a gain" in out) != decision["accepted"]
     # tuner's placement on this host: where each side ran, and the CPUs the cost bills
     allowed = sorted(os.sched_getaffinity(0))
     place = Placement(None, None)

@@ -369,3 +369,24 @@ def test_resuming_a_study_with_other_objectives_is_refused(
     line = err.value.one_line()
     assert f"storage study '{run.config.name}:first' holds objectives p99_e2e_latency" in line
     assert "resume it with the objectives it was started with" in line
+
+
+def test_the_summary_shows_a_kept_baseline_once_and_a_new_incumbent_as_a_change() -> None:
+    from tuner.session import outcome_lines
+    from tuner.stage import Incumbent, StudyResult
+
+    names = ["p99_e2e_latency", "output_throughput"]
+    base = Incumbent({}, [0.89, 1724.0], {}, "baseline", [1720.0, 1728.0])
+    # kept: re-measured 2111 in a later window; the same configuration, so no "+9.5 %"
+    kept = Incumbent({}, [0.89, 1888.0], {}, "baseline", [1720.0, 1728.0, 2111.0, 1993.0])
+    lines = outcome_lines("q", names, 1, StudyResult(base, kept))
+    assert lines[0] == "study q: the baseline stays: no stage proved a gain beyond the noise"
+    assert "->" not in " ".join(lines) and "%)" not in lines[2]
+    assert lines[3] == (
+        "  output_throughput over its 4 windows: 1720-2111 (23% apart; one configuration: "
+        "that is the noise)"
+    )
+    new = Incumbent({"max_num_seqs": 64}, [0.80, 2000.0], {}, "batching trial 3", [2000.0])
+    lines = outcome_lines("q", names, 1, StudyResult(base, new))
+    assert lines[0] == "study q: baseline vs final incumbent (batching trial 3)"
+    assert lines[2].split() == ["output_throughput", "1724", "->", "2000", "(+16.0%)"]
