@@ -71,6 +71,7 @@ BAD_INPUT = [
     (["run", "study.storage=notaurl"], "storage"),
     (["run", "sampler=annealing"], "annealing"),
     (["run", "study.noise=loud"], "study.noise"),
+    (["run", "study.count_search_window=maybe"], "count_search_window"),
     (["run", "objectives.names=[speed]"], "speed"),
     (["run", "objectives.select_by=speed"], "speed"),
     (["run", "objectives.constraints=[nope]"], "nope"),
