@@ -76,7 +76,8 @@ class Grid:
 
     @property
     def columns(self) -> list[str]:
-        return ["config_id", "repeat", "order", *self.axes, *METRIC_COLUMNS]
+        fixed = [k for k in self.fixed if k not in self.axes]
+        return ["config_id", "repeat", "order", *self.axes, *fixed, *METRIC_COLUMNS]
 
     def points(self) -> list[Point]:
         points = []
@@ -121,6 +122,17 @@ GRIDS: dict[str, Grid] = {
         fixed={"enforce_eager": True},
         csv=DATA / "grid_vllm_cpu_fine.csv",
         label={"max_num_seqs": "s", "max_num_batched_tokens": "b", "enforce_eager": ""},
+    ),
+    # The landscape's resolution: with 64 closed-loop users, max_num_seqs 64, 128 (vLLM's
+    # default) and 256 are the same eager server for the workload (no more than 64 requests
+    # ever run), so how far these twins measure apart is what one measurement can resolve on
+    # this machine (§11, §15). Minutes, where a landscape takes an hour: run it first.
+    "twins": Grid(
+        axes={"max_num_seqs": [64, 256], "max_num_batched_tokens": [2048, 8192]},
+        extra=(Point("default-eager", {}),),
+        fixed={"enforce_eager": True},
+        csv=DATA / "twins_vllm_cpu.csv",
+        label={"max_num_seqs": "s", "max_num_batched_tokens": "b"},
     ),
     # The precision axis: fp8 KV cache against the model's dtype, side by side at several
     # batch limits. vLLM-CPU starts fp8 KV only on x86 with AVX-512 or AMX.
