@@ -13,6 +13,10 @@ wide while few repeats are known and near two standard errors once many are.
 
 ``pair`` is the earlier rule (each comparison's own variances, two standard errors), kept so
 that a replay can measure the two side by side (benchmarks/README.md §13).
+
+:class:`NoiseSplit` says where the noise comes from: each window's token rate in equal slices
+(``Measurements.window_slices``) against the spread between launches. A longer window averages
+only the first part away; only more launches average the second (benchmarks/README.md §15).
 """
 
 from __future__ import annotations
@@ -76,3 +80,48 @@ class NoisePool:
 
     def estimate(self) -> NoiseEstimate:
         return NoiseEstimate.of(*self._groups.values())
+
+
+@dataclass(frozen=True)
+class NoiseSplit:
+    """One-way random-effects split of log rates measured as launches × equal slices.
+
+    ``slice_sd`` is one slice's SD within its launch; ``launch_sd`` the part of the launch
+    means' spread that the slices' own noise does not explain (0 when it explains all);
+    ``p_launches_differ`` the F-test's p-value for "launches differ by more than their slices
+    do". SDs of log values are relative spreads."""
+
+    launches: int
+    slices: int
+    slice_sd: float
+    launch_sd: float
+    f: float
+    p_launches_differ: float
+
+    @property
+    def launch_mean_sd(self) -> float:
+        """The SD of one launch's mean that both parts predict."""
+        return math.sqrt(self.launch_sd**2 + self.slice_sd**2 / self.slices)
+
+    @classmethod
+    def of(cls, launches: Sequence[Sequence[float]]) -> NoiseSplit | None:
+        """None unless ≥ 2 launches of the same ≥ 2 positive, finite slices each."""
+        rows = [list(r) for r in launches]
+        k = len(rows[0]) if rows else 0
+        if len(rows) < 2 or k < 2 or any(len(r) != k for r in rows):
+            return None
+        values = np.asarray(rows, dtype=float)
+        if not np.all(np.isfinite(values) & (values > 0)):
+            return None
+        logs = np.log(values)
+        ms_within = float(logs.var(axis=1, ddof=1).mean())
+        ms_between = float(k * logs.mean(axis=1).var(ddof=1))
+        f = ms_between / ms_within if ms_within > 0 else math.inf
+        return cls(
+            launches=len(rows),
+            slices=k,
+            slice_sd=math.sqrt(ms_within),
+            launch_sd=math.sqrt(max(0.0, (ms_between - ms_within) / k)),
+            f=f,
+            p_launches_differ=float(stats.f.sf(f, len(rows) - 1, len(rows) * (k - 1))),
+        )

@@ -9,7 +9,7 @@ import pytest
 from scipy import stats
 
 from tuner.acceptance import decide
-from tuner.noise import NoiseEstimate, NoisePool
+from tuner.noise import NoiseEstimate, NoisePool, NoiseSplit
 
 
 def test_the_estimate_pools_log_variance_over_repeated_configurations() -> None:
@@ -86,7 +86,6 @@ def test_pooling_the_studys_repeats_keeps_the_power_to_prove_a_real_gain() -> No
     assert pooled > 0.95 and pooled > pair - 0.03
 
 
-
 @pytest.mark.parametrize("cv", [0.05, 0.10])
 def test_the_winners_search_window_makes_luck_look_like_a_gain(cv: float) -> None:
     """The winner's curse: the best of 4 equal configurations' search windows reads high.
@@ -99,3 +98,36 @@ def test_the_winners_search_window_makes_luck_look_like_a_gain(cv: float) -> Non
     assert counted > 0.05 and dropped < 0.045 and counted > 1.5 * dropped
     # and what it buys: a real 10 % gain is proved more often with the window counted
     assert accept_rate(0.10, cv, 3, 2, True) > accept_rate(0.10, cv, 3, 2, False) + 0.1
+
+
+def _launches(
+    rng: np.random.Generator, n: int, k: int, sd_launch: float, sd_slice: float
+) -> list[list[float]]:
+    offsets = rng.normal(0, sd_launch, size=(n, 1))
+    return np.exp(np.log(1000) + offsets + rng.normal(0, sd_slice, size=(n, k))).tolist()
+
+
+def test_the_split_finds_and_sizes_launch_effects() -> None:
+    split = NoiseSplit.of(_launches(np.random.default_rng(1), 40, 4, 0.10, 0.02))
+    assert split is not None
+    assert split.slice_sd == pytest.approx(0.02, rel=0.15)
+    assert split.launch_sd == pytest.approx(0.10, rel=0.25)
+    assert split.p_launches_differ < 1e-6
+    # a launch's mean: the launch effect plus a quarter of one slice's variance
+    assert split.launch_mean_sd == pytest.approx(math.sqrt(0.10**2 + 0.02**2 / 4), rel=0.25)
+
+
+def test_slices_alone_leave_no_launch_effect() -> None:
+    split = NoiseSplit.of(_launches(np.random.default_rng(2), 40, 4, 0.0, 0.05))
+    assert split is not None
+    assert split.slice_sd == pytest.approx(0.05, rel=0.15)
+    assert split.launch_sd < 0.015 and split.p_launches_differ > 0.01
+
+
+def test_the_split_needs_two_launches_of_equal_positive_slices() -> None:
+    assert NoiseSplit.of([[1.0, 2.0]]) is None
+    assert NoiseSplit.of([[1.0], [2.0]]) is None
+    assert NoiseSplit.of([[1.0, 2.0], [1.0, 2.0, 3.0]]) is None
+    assert NoiseSplit.of([[1.0, 2.0], [0.0, 2.0]]) is None  # a slice without a token
+    assert NoiseSplit.of([[1.0, 2.0], [float("nan"), 2.0]]) is None
+    assert NoiseSplit.of([[1.0, 2.0], [1.5, 2.5]]) is not None
