@@ -29,7 +29,10 @@ from typing import Any
 
 import numpy as np
 
-from tuner.noise import NoiseEstimate
+from tuner.noise import NoiseEstimate, NoiseSplit
+
+# The F-test's level at which the baseline's launches count as differing beyond their windows.
+SPLIT_P = 0.05
 
 
 @dataclass
@@ -183,9 +186,11 @@ def resolvable_gain(
 
 def resolution_line(
     objective: str, samples: Sequence[float], repeats: int, min_gain: float, pooled: bool = True,
-    candidate_windows: int | None = None,
+    candidate_windows: int | None = None, slices: Sequence[Sequence[float]] = (),
 ) -> str:  # fmt: skip
-    """What the baseline's spread means for the study, said once before the stages start."""
+    """What the baseline's spread means for the study, said once before the stages start;
+    with each window's token rate in slices (``Measurements.window_slices``), also which
+    setting would narrow it (:func:`noise_advice`)."""
     gain = resolvable_gain(samples, repeats, min_gain, pooled, candidate_windows)
     if gain is None:
         return f"baseline {objective}: one window, its noise unknown until a stage re-measures it"
@@ -193,6 +198,20 @@ def resolution_line(
     cv = float(np.std(x, ddof=1) / abs(x.mean()))
     return (
         f"baseline {objective}: {x.mean():.4g} over {len(x)} windows, CV {cv:.0%}: a stage can "
-        f"prove gains above ~{gain:.0%} (for smaller ones raise workload.window_s, "
-        f"study.baseline_measurements or study.repeats)"
+        f"prove gains above ~{gain:.0%} ({noise_advice(NoiseSplit.of([s for s in slices if s]))})"
     )
+
+
+def noise_advice(split: NoiseSplit | None) -> str:
+    """Which setting narrows the noise: a longer window averages a window's own noise away,
+    only more launches average away what differs between launches (benchmarks/README.md §15)."""
+    more = "study.baseline_measurements or study.repeats"
+    if split is None:
+        return f"for smaller ones raise workload.window_s, {more}"
+    where = (
+        f"token rate: {split.slices} slices of a window {split.slice_sd:.0%} apart, "
+        f"launches {split.launch_sd:.0%} beyond that"
+    )
+    if split.p_launches_differ < SPLIT_P:
+        return f"{where}; launches differ, so for smaller gains raise {more}, not the window"
+    return f"{where}; for smaller gains raise workload.window_s (seconds, not launches) or {more}"

@@ -157,6 +157,9 @@ def _print_outcome(outcome: object) -> None:
         f"{m.request_throughput:.2f} req/s, {m.output_throughput:.0f} output tok/s, "
         f"goodput {m.goodput:.2f} req/s over {m.window_s:.1f} s"
     )
+    if m.window_slices:  # a trend here (warm-up too short, throttling) is not noise
+        rates = " ".join(f"{r:.0f}" for r in m.window_slices)
+        print(f"output tok/s by {len(m.window_slices)} parts of the window: {rates}")
     for warning in m.warnings:
         print(f"warning: {warning}")
     print(f"result: {outcome.folder}/result.json")

@@ -63,6 +63,7 @@ class Evaluated:
         }
         if m is not None:
             attrs.update({f"m_{k}": _finite(v) for k, v in m.flat().items()})
+            attrs["window_slices"] = [round(v, 2) for v in m.window_slices]
         attrs.update(quality_attrs(o.quality))
         return attrs
 

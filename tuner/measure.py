@@ -19,6 +19,7 @@ never NaN or zero, so "no data" cannot pass for a perfect latency.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections import Counter
 from collections.abc import Iterable, Sequence
@@ -41,6 +42,8 @@ DISPATCH_LAG_WARN_S = 0.010
 # of requests in it: +-1 request per user moves output tok/s by 10-50 % (measured on a grid with
 # 5 s requests in a 10 s window: many configurations at exactly 2 requests per user).
 MIN_LATENCIES_PER_WINDOW = 5.0
+# Four slices: a 15-s quickstart window still gives each a few thousand tokens to count.
+WINDOW_SLICES = 4
 LATENCY_METRICS = ("ttft", "tpot", "itl", "e2e")
 STAT_NAMES = ("mean", "p50", "p90", "p95", "p99", "min", "max")
 UNKNOWN_ERROR = "unknown"
@@ -112,6 +115,9 @@ class Measurements:
     # event's instant): the server's rate, free of the request-boundary steps of
     # output_throughput when the window holds few request latencies. None without token times.
     output_token_rate: float | None = None
+    # The token rate in WINDOW_SLICES equal consecutive parts of the window: how much of the
+    # noise is inside one launch (tuner.noise.NoiseSplit). Empty without token times.
+    window_slices: list[float] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
@@ -295,6 +301,15 @@ def token_rate(records: Sequence[RequestRecord], start: float, end: float) -> fl
     return total / (end - start) if timed else None
 
 
+def window_slices(
+    records: Sequence[RequestRecord], start: float, end: float, n: int = WINDOW_SLICES
+) -> list[float]:
+    """:func:`token_rate` in ``n`` equal consecutive parts of ``[start, end)``."""
+    edges = np.linspace(start, end, n + 1)
+    rates = [token_rate(records, float(a), float(b)) for a, b in itertools.pairwise(edges)]
+    return [] if any(r is None for r in rates) else [float(r or 0.0) for r in rates]
+
+
 def _token_means(done: list[RequestRecord]) -> tuple[float | None, float | None]:
     prompt = [r.prompt_tokens for r in done if r.prompt_tokens is not None]
     output = [r.output_tokens for r in done if r.output_tokens is not None]
@@ -391,5 +406,6 @@ def measure(
         dispatch_lag_p99_s=lag_p99,
         e2e_p99_adjusted_s=_adjusted_e2e_p99(sample, timeout_s),
         output_token_rate=token_rate(records, window_start, window_end),
+        window_slices=window_slices(records, window_start, window_end),
         warnings=_warnings(sample, stats, lag_p99, window_s),
     )

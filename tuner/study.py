@@ -212,8 +212,10 @@ class StudyRunner:
         baseline = baseline_incumbent(done, self.evaluator.select_index)
         self.confirmation.noise.add(baseline.params, baseline.samples)
         cfg = self.config.study
+        slices = [t.user_attrs.get("window_slices") or [] for t in done]
         self.say(resolution_line(self.evaluator.select_by, baseline.samples, cfg.repeats,
-                                 cfg.min_gain, cfg.pools_noise, cfg.candidate_windows))  # fmt: skip
+                                 cfg.min_gain, cfg.pools_noise, cfg.candidate_windows,
+                                 slices))  # fmt: skip
         return baseline
 
     def _measure_baseline(self, study: optuna.Study) -> optuna.trial.FrozenTrial:

@@ -57,6 +57,10 @@ def test_trial_cli_default_workload_percentiles_equal_numpy(
             assert m[key][f"p{q}"] == pytest.approx(np.percentile(values, q), rel=1e-12)
     out_tokens = sum(r.output_tokens or 0 for r in done)
     assert m["output_throughput"] == pytest.approx(out_tokens / m["window_s"], rel=1e-9)
+    # The window in 4 equal parts: their token rates average to the window's own.
+    slices = m["window_slices"]
+    assert len(slices) == 4 and min(slices) > 0, slices
+    assert np.mean(slices) == pytest.approx(m["output_token_rate"], rel=1e-9)
     # tuner's default placement on a CPU server: vLLM on every CPU but the last, the client on
     # the last; read back from the kernel for every thread of each side.
     allowed = sorted(os.sched_getaffinity(0))
@@ -78,7 +82,9 @@ def test_trial_cli_default_workload_percentiles_equal_numpy(
     assert result["telemetry"]["client_lagging"] is not agrees, ratios
     lag_warned = any("outside vLLM's engine" in w for w in m["warnings"])
     assert lag_warned is not agrees, m["warnings"]
-    err = capsys.readouterr().err
+    captured = capsys.readouterr()
+    err = captured.err
+    assert f"output tok/s by 4 parts of the window: {slices[0]:.0f} " in captured.out
     assert ("clock check: E2E" in err) is not agrees  # shown as it ran
     assert ("client on " + str(allowed[-1])) in err or not placed
     assert result["server"]["kv_cache_tokens"] > 0

@@ -11,10 +11,11 @@ from tuner.acceptance import (
     decide,
     mean_constraints,
     meets,
+    noise_advice,
     resolution_line,
     resolvable_gain,
 )
-from tuner.noise import NoiseEstimate
+from tuner.noise import NoiseEstimate, NoiseSplit
 from tuner.objective import NO_DATA_VIOLATION
 from tuner.stage import Incumbent, stage_winner
 
@@ -145,3 +146,21 @@ def test_resolution_line_states_the_spread_and_what_to_raise() -> None:
     line = resolution_line("output_token_rate", _shaped(3000, [-1, 0, 1], 810), 2, 0.02)
     assert "CV 27%" in line and "above ~" in line and "workload.window_s" in line
     assert "unknown" in resolution_line("output_token_rate", [3000.0], 2, 0.02)
+
+
+def test_the_advice_follows_where_the_baselines_noise_comes_from() -> None:
+    """Launches that differ beyond their windows' own slices are not helped by a longer
+    window; windows whose own slices explain the spread are (benchmarks/README.md §15)."""
+    samples = _shaped(3000, [-1, 1], 300)
+    apart = [[1000, 1010, 990, 1000], [1200, 1190, 1210, 1200], [900, 910, 890, 900]]
+    line = resolution_line("output_throughput", samples, 1, 0.03, slices=apart)
+    assert "launches differ" in line and "not the window" in line
+    assert "study.repeats" in line and "slices of a window 1% apart" in line
+    alike = [[1000, 1300, 800, 1100], [1100, 900, 1250, 950]]
+    line = resolution_line("output_throughput", samples, 1, 0.03, slices=alike)
+    assert "raise workload.window_s (seconds, not launches)" in line
+    assert "launches 0% beyond that" in line
+    # A window without slices (no token times, an older stored baseline): the general advice.
+    line = resolution_line("output_throughput", samples, 1, 0.03, slices=[[], apart[0]])
+    assert "for smaller ones raise workload.window_s" in line and "slices" not in line
+    assert noise_advice(None) == noise_advice(NoiseSplit.of([]))

@@ -15,6 +15,7 @@ from tuner.measure import (
     MetricStats,
     measure,
     span_means,
+    window_slices,
 )
 from tuner.records import (
     ERROR_CONNECTION,
@@ -256,6 +257,17 @@ def test_output_token_rate_counts_tokens_generated_inside_the_window() -> None:
     assert m.output_throughput == pytest.approx(25 / 10)
     assert m.flat()["output_token_rate_tok_s"] == pytest.approx(3.0)
     assert measure([failed(T0 + 1, ERROR_TIMEOUT)], T0, T1, NO_SLO).output_token_rate is None
+
+
+def test_window_slices_are_the_token_rate_in_equal_parts_of_the_window() -> None:
+    # 20 tokens 0.25 s apart from T0 (the first half), then 40 tokens 0.125 s apart from T0+5.
+    first = ok(T0 - 0.05, ttft=0.05, e2e=4.8, out=20, itl=[0.25] * 19)
+    second = ok(T0 + 4.95, ttft=0.05, e2e=4.93, out=40, itl=[0.125] * 39)
+    assert window_slices([first, second], T0, T1) == pytest.approx([4.0, 4.0, 8.0, 8.0])
+    m = measure([first, second], T0, T1, NO_SLO)
+    assert m.window_slices == pytest.approx([4.0, 4.0, 8.0, 8.0])
+    assert Measurements.from_dict(m.to_dict()).window_slices == m.window_slices
+    assert measure([failed(T0 + 1, ERROR_TIMEOUT)], T0, T1, NO_SLO).window_slices == []
 
 
 def test_span_means_take_the_requests_the_servers_histograms_saw_in_the_span() -> None:

@@ -390,3 +390,40 @@ def test_the_summary_shows_a_kept_baseline_once_and_a_new_incumbent_as_a_change(
     lines = outcome_lines("q", names, 1, StudyResult(base, new))
     assert lines[0] == "study q: baseline vs final incumbent (batching trial 3)"
     assert lines[2].split() == ["output_throughput", "1724", "->", "2000", "(+16.0%)"]
+
+
+class SlicedScripted(Scripted):
+    """Scripted trials whose windows also carry their token rate in 4 slices, 1 % apart."""
+
+    def trial(
+        self, config: Any, launch: Any, paths: Any, trial_id: str, progress: Any = None
+    ) -> Any:
+        outcome = super().trial(config, launch, paths, trial_id, progress)
+        tok = outcome.measurements.get("output_throughput") if outcome.ok else None
+        if tok:
+            outcome.measurements["window_slices"] = [tok * 0.99, tok * 1.01] * 2
+        return outcome
+
+
+def test_the_baseline_line_says_where_its_noise_comes_from(
+    replay: ModuleType, tmp_path: Path
+) -> None:
+    """Each window's slices reach the baseline's line through the stored attrs: baseline
+    windows 20 % apart whose own slices agree within 1 % are launches that differ."""
+    run = SlicedScripted(replay, tmp_path, {
+        None: [(1000, 2.0), (1200, 2.0), (1100, 2.0)],
+        16: [(800, 2.0)],
+        64: [(900, 2.0)],
+    }, baselines=2)  # fmt: skip
+    (line,) = [s for s in run.said if s.startswith("baseline output_throughput: ")]
+    assert "4 slices of a window 1% apart" in line, line
+    assert "launches differ, so for smaller gains raise study.baseline_measurements" in line
+    study = optuna.load_study(
+        study_name=next(
+            s.study_name for s in optuna.get_all_study_summaries(run.config.study.storage)
+            if s.study_name.startswith("baseline:")
+        ),
+        storage=run.config.study.storage,
+    )  # fmt: skip
+    slices = [t.user_attrs["window_slices"] for t in study.trials]
+    assert slices[0] == pytest.approx([990, 1010, 990, 1010])
