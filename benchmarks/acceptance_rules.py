@@ -29,7 +29,7 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from benchmarks.scoring import markdown  # noqa: E402
-from tuner.noise import NoiseEstimate  # noqa: E402
+from tuner.study.noise import NoiseEstimate  # noqa: E402
 
 RESULTS = ROOT / "benchmarks/results"
 TABLES = ("grid_vllm_cpu", "grid_vllm_cpu_avx512", "grid_vllm_cpu_amx", "grid_vllm_cpu_fine")
@@ -83,7 +83,7 @@ def mean_score(runs: dict[int, dict[str, Any]]) -> float:
 
 
 def column_noise() -> list[dict[str, Any]]:
-    """Each table's pooled noise (tuner.noise, as a study would pool it) in each throughput
+    """Each table's pooled noise (tuner.study.noise, as a study would pool it) in each throughput
     column: how steady each would be as the selection objective."""
     rows = []
     for name in TABLES:

@@ -56,10 +56,11 @@ sys.path.insert(0, str(ROOT))
 from benchmarks import headroom  # noqa: E402
 from tuner.cli import compose  # noqa: E402
 from tuner.config import SloConfig  # noqa: E402
+from tuner.config.workload import LengthDist, RequestClass, WorkloadConfig  # noqa: E402
+from tuner.host.placement import pin, tree_cpus  # noqa: E402
 from tuner.loadgen import LocustLoadGenerator, Target  # noqa: E402
 from tuner.loadgen.workload import build_plan  # noqa: E402
 from tuner.measure import Measurements, measure  # noqa: E402
-from tuner.placement import pin, tree_cpus  # noqa: E402
 from tuner.records import RequestRecord, read_records  # noqa: E402
 from tuner.server import LaunchSpec, make_backend  # noqa: E402
 from tuner.telemetry.metrics import (  # noqa: E402
@@ -68,7 +69,6 @@ from tuner.telemetry.metrics import (  # noqa: E402
     over_server,
     scrape,
 )
-from tuner.traffic import LengthDist, RequestClass, WorkloadConfig  # noqa: E402
 
 DEFAULT_OUT = ROOT / "benchmarks" / "results"
 METRICS = ("ttft", "tpot", "e2e")

@@ -21,10 +21,10 @@ import numpy as np
 import psutil
 
 from tuner.config import SloConfig
+from tuner.config.workload import LengthDist, RequestClass, WorkloadConfig
 from tuner.loadgen import LocustLoadGenerator, Target
 from tuner.measure import measure
 from tuner.records import read_records
-from tuner.traffic import LengthDist, RequestClass, WorkloadConfig
 
 ROOT = Path(__file__).resolve().parent.parent
 

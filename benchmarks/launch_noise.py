@@ -6,7 +6,7 @@ output token rate (tokens made inside each, ``tuner.measure.window_slices``) is 
 raw records. Two arms that are the same server for a closed loop of 64 users alternate launch
 by launch (ABAB): vLLM's defaults (128 sequences, 2048 batched tokens on a CPU server) and
 ``max_num_seqs=64``, both eager (the fixed args). A one-way random-effects analysis of the log
-rates per arm (:class:`tuner.noise.NoiseSplit`, what a study's baseline line reports) splits
+rates per arm (:class:`tuner.study.noise.NoiseSplit`, what a study's baseline line reports) splits
 the variance into a within-launch part (what a longer window averages away) and a
 between-launch part (what only more launches average away):
 
@@ -34,12 +34,12 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks.trial_overhead import save  # noqa: E402
 from tuner.cli import compose  # noqa: E402
-from tuner.host import read_cpuinfo  # noqa: E402
+from tuner.host.cpu import read_cpuinfo  # noqa: E402
 from tuner.measure import window_slices  # noqa: E402
-from tuner.noise import NoiseSplit  # noqa: E402
 from tuner.paths import StudyPaths  # noqa: E402
 from tuner.records import read_records  # noqa: E402
 from tuner.server import LaunchSpec  # noqa: E402
+from tuner.study.noise import NoiseSplit  # noqa: E402
 from tuner.trial import TrialOutcome, run_trial  # noqa: E402
 
 DEFAULT_OUT = ROOT / "benchmarks" / "results" / "launch_noise"

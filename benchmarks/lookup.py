@@ -1,6 +1,6 @@
 """A StudyRunner whose trials look measurements up in a landscape instead of starting servers.
 
-:func:`run_study` runs tuner's own :class:`~tuner.study.StudyRunner` (samplers from the
+:func:`run_study` runs tuner's own :class:`~tuner.study.runner.StudyRunner` (samplers from the
 registry, search_space, evaluation, the acceptance rule, a real Optuna SQLite storage) with
 :func:`lookup_trials` as its ``trial_fn``: each launch draws one of its configuration's measured
 repeats, and the run's launches and stored decisions come back as a
@@ -21,17 +21,17 @@ from typing import Any
 import numpy as np
 import optuna
 
-import tuner.study as study_module
+import tuner.study.runner as study_module
 from benchmarks.landscape import MAX_ERROR_RATE, Landscape, Measured
 from benchmarks.scoring import Launch, RunTrace, incumbent_timeline
-from tuner.acceptance import Decision
 from tuner.config import ParamSpec, SamplerConfig, TunerConfig
 from tuner.errors import TunerError
-from tuner.evaluation import Evaluator
 from tuner.measure import Measurements, MetricStats
+from tuner.schema import StudyAttr
 from tuner.server import LaunchSpec
-from tuner.stage import ATTR_DECISION
-from tuner.study import TrialFn
+from tuner.study.acceptance import Decision
+from tuner.study.evaluation import Evaluator
+from tuner.study.runner import TrialFn
 from tuner.trial import TrialOutcome
 
 WINDOW_S = 10.0  # the grid's window: only used to rebuild counts from rates
@@ -190,6 +190,6 @@ def stored_decisions(config: TunerConfig, runner: study_module.StudyRunner) -> l
             st = optuna.load_study(study_name=f"{config.name}:{stage.name}", storage=runner.storage)
         except KeyError:
             continue
-        if ATTR_DECISION in st.user_attrs:
-            out.append(Decision.from_dict(st.user_attrs[ATTR_DECISION]))
+        if StudyAttr.DECISION in st.user_attrs:
+            out.append(Decision.from_dict(st.user_attrs[StudyAttr.DECISION]))
     return out

@@ -38,11 +38,11 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from tuner.cli import compose  # noqa: E402
-from tuner.evaluation import Evaluator  # noqa: E402
 from tuner.measure import token_rate  # noqa: E402
 from tuner.paths import StudyPaths  # noqa: E402
 from tuner.records import read_records  # noqa: E402
 from tuner.server import LaunchSpec  # noqa: E402
+from tuner.study.evaluation import Evaluator  # noqa: E402
 from tuner.trial import run_trial  # noqa: E402
 
 DATA = ROOT / "benchmarks" / "data"

@@ -27,7 +27,7 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks.trial_overhead import save, trial_script_args  # noqa: E402
 from tuner.cli import compose  # noqa: E402
-from tuner.host import read_cpuinfo  # noqa: E402
+from tuner.host.cpu import read_cpuinfo  # noqa: E402
 from tuner.paths import StudyPaths  # noqa: E402
 from tuner.server import LaunchSpec  # noqa: E402
 from tuner.trial import TrialOutcome, run_trial  # noqa: E402

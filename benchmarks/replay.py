@@ -2,7 +2,7 @@
 
 A "trial" looks its configuration up in a table of real measurements (benchmarks/measure_grid.py)
 and returns one of that configuration's repeats, drawn at random, so the strategies see the real
-run-to-run noise. The staged and joint strategies are tuner's own :class:`~tuner.study.StudyRunner`
+run-to-run noise. The staged and joint strategies are tuner's own :class:`~tuner.study.runner.StudyRunner`
 (samplers from the registry, search_space, evaluation, the acceptance rule, a real Optuna storage)
 with the lookup as its ``trial_fn`` (:func:`lookup_trials`) instead of tuner.trial.run_trial.
 The full grid in vLLM auto_tune's order, and vLLM's defaults alone, need no sampler and are
@@ -64,8 +64,11 @@ from benchmarks.scoring import (  # noqa: E402
     summarize_run,
 )
 from tuner.cli import compose  # noqa: E402
-from tuner.config import ParamSpec, TunerConfig  # noqa: E402
-from tuner.noise import RULES as NOISE_RULES  # noqa: E402
+from tuner.config import (  # noqa: E402
+    NOISE_RULES,
+    ParamSpec,
+    TunerConfig,
+)
 
 # Re-exported for tests/unit/test_replay.py and test_study.py, which load this script alone.
 __all__ = ["Measured", "StudyStrategy", "count_fallbacks", "lookup_trials", "outcome_of",

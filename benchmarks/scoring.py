@@ -22,7 +22,7 @@ from benchmarks.landscape import (
     Reference,
     hypervolume,
 )
-from tuner.acceptance import Decision
+from tuner.study.acceptance import Decision
 
 TARGET = 0.97
 HV_AT = (5, 10, 20)
@@ -104,7 +104,7 @@ def baseline_launches(trace: RunTrace) -> int:
 
 def without_baseline(t: int | None, stored: int) -> int | None:
     """Launches to 97 % for a study that reuses a stored baseline of the same fingerprint
-    (tuner.study: one per host, model, workload): the baseline's launches cost nothing; 0 when
+    (tuner.study.runner: one per host, model, workload): the baseline's launches cost nothing; 0 when
     the stored baseline itself is the answer."""
     return None if t is None else max(0, t - stored)
 

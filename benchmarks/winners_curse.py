@@ -5,7 +5,7 @@ A stage measures ``k`` configurations once each (the search); the best window wi
 them is truly ``gain`` better than the incumbent, with log-normal noise of ``cv`` in every
 window. The incumbent has ``baselines`` windows plus ``repeats`` interleaved re-measurements,
 the winner its ``repeats`` fresh windows and, when counted, its search window: the maximum of
-``k`` draws, which reads high. :func:`tuner.acceptance.decide` judges them with the pooled rule
+``k`` draws, which reads high. :func:`tuner.study.acceptance.decide` judges them with the pooled rule
 at tuner's default ``min_gain`` of 3 %. No server, no table: seconds.
 
     .venv/bin/python benchmarks/winners_curse.py  # → results/window/simulated.md
@@ -23,8 +23,8 @@ sys.path.insert(0, str(ROOT))
 import numpy as np  # noqa: E402
 
 from benchmarks.scoring import markdown  # noqa: E402
-from tuner.acceptance import decide  # noqa: E402
-from tuner.noise import NoiseEstimate  # noqa: E402
+from tuner.study.acceptance import Comparison, decide  # noqa: E402
+from tuner.study.noise import NoiseEstimate  # noqa: E402
 
 OUT = ROOT / "benchmarks/results/window/simulated.md"
 BUDGETS = {"default": (3, 2), "quickstart": (2, 1)}  # (baseline windows, repeats)
@@ -45,9 +45,9 @@ def accept_rate(
         window = float(1000.0 * (1 + gain) * np.exp(rng.normal(0, cv, k)).max())
         fresh = list(1000.0 * (1 + gain) * np.exp(rng.normal(0, cv, repeats)))
         cand = [window] * count_window + fresh
-        d = decide(
+        d = decide(Comparison(
             "s", "tok_s", "maximize", inc, cand, True, 0.03, pooled=NoiseEstimate.of(inc, cand)
-        )
+        ))
         accepted += d.accepted
     return accepted / draws
 

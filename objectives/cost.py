@@ -10,9 +10,15 @@ import math
 import re
 from collections.abc import Callable
 
-from tuner.errors import ConfigError
-from tuner.measure import Measurements
-from tuner.objective import MINIMIZE, Objective, ObjectiveContext, has_traffic, register_objective
+from tuner import (
+    MINIMIZE,
+    ConfigError,
+    Measurements,
+    Objective,
+    ObjectiveContext,
+    has_traffic,
+    register_objective,
+)
 
 SECONDS_PER_HOUR = 3600.0
 PER_MILLION = 1e6

@@ -4,8 +4,14 @@ from __future__ import annotations
 
 import math
 
-from tuner.measure import Measurements
-from tuner.objective import MINIMIZE, Objective, ObjectiveContext, has_traffic, register_objective
+from tuner import (
+    MINIMIZE,
+    Measurements,
+    Objective,
+    ObjectiveContext,
+    has_traffic,
+    register_objective,
+)
 
 PER_MILLION = 1e6
 

@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
-from tuner.measure import Measurements
-from tuner.objective import MINIMIZE, Objective, ObjectiveContext, register_objective, stat_or_nan
+from tuner import (
+    MINIMIZE,
+    Measurements,
+    Objective,
+    ObjectiveContext,
+    register_objective,
+    stat_or_nan,
+)
 
 
 @register_objective

@@ -7,11 +7,11 @@ exactly when no gated metric dropped by more than its tolerance.
 
 from __future__ import annotations
 
-from tuner.measure import Measurements
-from tuner.objective import (
+from tuner import (
     NO_DATA_VIOLATION,
     UNSET_SLO,
     Constraint,
+    Measurements,
     ObjectiveContext,
     register_constraint,
 )

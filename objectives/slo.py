@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from tuner.measure import Measurements
-from tuner.objective import (
+from tuner import (
     NO_DATA_VIOLATION,
     UNSET_SLO,
     Constraint,
+    Measurements,
     ObjectiveContext,
     has_traffic,
     register_constraint,

@@ -4,8 +4,14 @@ from __future__ import annotations
 
 import math
 
-from tuner.measure import Measurements
-from tuner.objective import MAXIMIZE, Objective, ObjectiveContext, has_traffic, register_objective
+from tuner import (
+    MAXIMIZE,
+    Measurements,
+    Objective,
+    ObjectiveContext,
+    has_traffic,
+    register_objective,
+)
 
 
 @register_objective

@@ -1,0 +1,191 @@
+"""tuner: tune a vLLM server for your model, hardware and traffic with real launches and real load.
+
+This module is the public API: what ``objectives/`` plugins, ``benchmarks/`` and users import.
+Everything else in the package is internal and may move. Names load on first use, so that
+``import tuner`` stays cheap: the load generator's Locust subprocess imports tuner's record
+types under gevent and must not pull in Optuna, pandas or Hydra on the way.
+
+- config:       :class:`TunerConfig` and its parts, :func:`compose` (Hydra, as the CLI does)
+- measurement:  :class:`Measurements` from raw per-request records (:func:`measure`)
+- scoring:      the :class:`Objective` / :class:`Constraint` seam and their registries
+- trials:       :func:`run_trial` (launch, load, measure, stop) and its :class:`TrialOutcome`
+- studies:      :class:`StudyRunner`, :class:`Evaluator`, the acceptance rule :func:`decide`
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+# name -> the internal module that owns it
+_OWNERS: dict[str, str] = {
+    # configuration
+    "TunerConfig": "tuner.config",
+    "ParamSpec": "tuner.config",
+    "SloConfig": "tuner.config",
+    "SamplerConfig": "tuner.config",
+    "NOISE_RULES": "tuner.config",
+    "WorkloadConfig": "tuner.config.workload",
+    "RequestClass": "tuner.config.workload",
+    "LengthDist": "tuner.config.workload",
+    "compose": "tuner.cli",
+    # errors
+    "TunerError": "tuner.errors",
+    "ConfigError": "tuner.errors",
+    # measurement
+    "Measurements": "tuner.measure",
+    "MetricStats": "tuner.measure",
+    "measure": "tuner.measure",
+    "token_rate": "tuner.measure",
+    "window_slices": "tuner.measure",
+    "RequestRecord": "tuner.records",
+    "read_records": "tuner.records",
+    # scoring
+    "Objective": "tuner.scoring.objective",
+    "Constraint": "tuner.scoring.objective",
+    "ObjectiveContext": "tuner.scoring.objective",
+    "register_objective": "tuner.scoring.objective",
+    "register_constraint": "tuner.scoring.objective",
+    "MAXIMIZE": "tuner.scoring.objective",
+    "MINIMIZE": "tuner.scoring.objective",
+    "NO_DATA_VIOLATION": "tuner.scoring.objective",
+    "UNSET_SLO": "tuner.scoring.objective",
+    "has_traffic": "tuner.scoring.objective",
+    "stat_or_nan": "tuner.scoring.objective",
+    "relative_violation": "tuner.scoring.objective",
+    # one trial and what it runs
+    "run_trial": "tuner.trial",
+    "TrialOutcome": "tuner.trial",
+    "LaunchSpec": "tuner.launch",
+    "make_backend": "tuner.server",
+    "StudyPaths": "tuner.paths",
+    "LocustLoadGenerator": "tuner.loadgen",
+    "Target": "tuner.loadgen",
+    "build_plan": "tuner.loadgen.workload",
+    "pin": "tuner.host.placement",
+    "tree_cpus": "tuner.host.placement",
+    "read_cpuinfo": "tuner.host.cpu",
+    "scrape": "tuner.telemetry.metrics",
+    "counter_deltas": "tuner.telemetry.metrics",
+    "histogram_means": "tuner.telemetry.metrics",
+    "over_server": "tuner.telemetry.metrics",
+    # studies
+    "StudyRunner": "tuner.study.runner",
+    "TrialFn": "tuner.study.runner",
+    "Evaluator": "tuner.study.evaluation",
+    "Decision": "tuner.study.acceptance",
+    "decide": "tuner.study.acceptance",
+    "NoiseEstimate": "tuner.study.noise",
+    "NoiseSplit": "tuner.study.noise",
+    "Role": "tuner.schema",
+    "StudyAttr": "tuner.schema",
+    "TrialAttr": "tuner.schema",
+}
+
+__all__ = [
+    "MAXIMIZE",
+    "MINIMIZE",
+    "NOISE_RULES",
+    "NO_DATA_VIOLATION",
+    "UNSET_SLO",
+    "ConfigError",
+    "Constraint",
+    "Decision",
+    "Evaluator",
+    "LaunchSpec",
+    "LengthDist",
+    "LocustLoadGenerator",
+    "Measurements",
+    "MetricStats",
+    "NoiseEstimate",
+    "NoiseSplit",
+    "Objective",
+    "ObjectiveContext",
+    "ParamSpec",
+    "RequestClass",
+    "RequestRecord",
+    "Role",
+    "SamplerConfig",
+    "SloConfig",
+    "StudyAttr",
+    "StudyPaths",
+    "StudyRunner",
+    "Target",
+    "TrialAttr",
+    "TrialFn",
+    "TrialOutcome",
+    "TunerConfig",
+    "TunerError",
+    "WorkloadConfig",
+    "build_plan",
+    "compose",
+    "counter_deltas",
+    "decide",
+    "has_traffic",
+    "histogram_means",
+    "make_backend",
+    "measure",
+    "over_server",
+    "pin",
+    "read_cpuinfo",
+    "read_records",
+    "register_constraint",
+    "register_objective",
+    "relative_violation",
+    "run_trial",
+    "scrape",
+    "stat_or_nan",
+    "token_rate",
+    "tree_cpus",
+    "window_slices",
+]
+
+
+def __getattr__(name: str) -> Any:
+    owner = _OWNERS.get(name)
+    if owner is None:
+        raise AttributeError(f"module 'tuner' has no attribute {name!r}")
+    value = getattr(importlib.import_module(owner), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *__all__])
+
+
+if TYPE_CHECKING:  # the same names, eagerly, for type checkers and IDEs
+    from tuner.cli import compose
+    from tuner.config import NOISE_RULES, ParamSpec, SamplerConfig, SloConfig, TunerConfig
+    from tuner.config.workload import LengthDist, RequestClass, WorkloadConfig
+    from tuner.errors import ConfigError, TunerError
+    from tuner.host.cpu import read_cpuinfo
+    from tuner.host.placement import pin, tree_cpus
+    from tuner.launch import LaunchSpec
+    from tuner.loadgen import LocustLoadGenerator, Target
+    from tuner.loadgen.workload import build_plan
+    from tuner.measure import Measurements, MetricStats, measure, token_rate, window_slices
+    from tuner.paths import StudyPaths
+    from tuner.records import RequestRecord, read_records
+    from tuner.schema import Role, StudyAttr, TrialAttr
+    from tuner.scoring.objective import (
+        MAXIMIZE,
+        MINIMIZE,
+        NO_DATA_VIOLATION,
+        UNSET_SLO,
+        Constraint,
+        Objective,
+        ObjectiveContext,
+        has_traffic,
+        register_constraint,
+        register_objective,
+        relative_violation,
+        stat_or_nan,
+    )
+    from tuner.server import make_backend
+    from tuner.study.acceptance import Decision, decide
+    from tuner.study.evaluation import Evaluator
+    from tuner.study.noise import NoiseEstimate, NoiseSplit
+    from tuner.study.runner import StudyRunner, TrialFn
+    from tuner.telemetry.metrics import counter_deltas, histogram_means, over_server, scrape
+    from tuner.trial import TrialOutcome, run_trial

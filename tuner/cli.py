@@ -21,6 +21,7 @@ from pathlib import Path
 
 from tuner.config import TunerConfig
 from tuner.errors import ConfigError, TunerError
+from tuner.host.placement import for_trial
 
 EXIT_INTERRUPTED = 130
 
@@ -63,6 +64,7 @@ def compose(overrides: Sequence[str], config_dir: Path | None = None) -> TunerCo
     assert isinstance(config, TunerConfig)
     _resolve_local_paths(config)
     config.validate()
+    for_trial(config)  # the placement must be possible on this host before anything starts
     return config
 
 
@@ -94,7 +96,7 @@ def _quiet_libraries() -> None:
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
-    # We drive the heartbeat ourselves around ask/tell (tuner.storage.Heartbeat).
+    # We drive the heartbeat ourselves around ask/tell (tuner.study.storage.Heartbeat).
     warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used")
 
 
@@ -127,7 +129,7 @@ def _print_plan(config: TunerConfig, argv: list[str]) -> int:
 
     import yaml
 
-    from tuner.placement import for_trial
+    from tuner.host.placement import for_trial
 
     print("vLLM command:\n  " + shlex.join(argv))
     print(f"CPUs: {for_trial(config).describe()}")
@@ -167,7 +169,7 @@ def _print_outcome(outcome: object) -> None:
 
 def cmd_run(args: argparse.Namespace) -> int:
     """Run (or resume) a study: baseline, stages, acceptance; print the summary."""
-    from tuner.session import open_session
+    from tuner.study.session import open_session
 
     config = compose(args.overrides, args.config_dir)
     _quiet_libraries()
@@ -182,7 +184,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     finally:
         session.close()
     print(session.summary_text(result))
-    from tuner.dashboard import refresh_notes
+    from tuner.review.dashboard import refresh_notes
 
     refresh_notes(config.name, config.study.storage, config.studies_dir)
     print(f"review: tuner report {config.name} | tuner dashboard {config.name}")
@@ -191,7 +193,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def cmd_report(args: argparse.Namespace) -> int:
     """Terminal summary + report.html, PNGs, trials.csv/.parquet under studies/<name>/report/."""
-    from tuner.report import report_command
+    from tuner.review.render import report_command
 
     _quiet_libraries()
     return report_command(args.study, args.storage, args.studies_dir, args.out)
@@ -199,7 +201,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 def cmd_export(args: argparse.Namespace) -> int:
     """The chosen config as vllm-serve.sh, vllm-config.yaml, docker-run.sh, k8s.yaml + evidence."""
-    from tuner.export import export_command
+    from tuner.export.serve import export_command
 
     _quiet_libraries()
     return export_command(
@@ -216,7 +218,7 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 def cmd_dashboard(args: argparse.Namespace) -> int:
     """optuna-dashboard on 127.0.0.1 for the study's storage and artifacts, until Ctrl-C."""
-    from tuner.dashboard import dashboard_command
+    from tuner.review.dashboard import dashboard_command
 
     _quiet_libraries()
     return dashboard_command(args.study, args.storage, args.studies_dir, args.port)

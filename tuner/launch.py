@@ -1,6 +1,6 @@
 """What one server launch adds to the fixed server config: vLLM flags and environment variables.
 
-Produced by :mod:`tuner.search_space` from trial params, consumed by :mod:`tuner.server`.
+Produced by :mod:`tuner.search.space` from trial params, consumed by :mod:`tuner.server`.
 """
 
 from __future__ import annotations
@@ -15,5 +15,5 @@ class LaunchSpec:
 
     args: dict[str, Any] = field(default_factory=dict)
     env: dict[str, str] = field(default_factory=dict)
-    # CPUs the server's processes may run on; None = not pinned (set per trial: tuner.placement)
+    # CPUs the server's processes may run on; None = not pinned (set per trial by the placement)
     cpus: list[int] | None = None

@@ -116,7 +116,7 @@ class Measurements:
     # output_throughput when the window holds few request latencies. None without token times.
     output_token_rate: float | None = None
     # The token rate in WINDOW_SLICES equal consecutive parts of the window: how much of the
-    # noise is inside one launch (tuner.noise.NoiseSplit). Empty without token times.
+    # noise is inside one launch (tuner.study.noise.NoiseSplit). Empty without token times.
     window_slices: list[float] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
 

@@ -18,9 +18,9 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from tuner import placement
 from tuner.config import TunerConfig
 from tuner.errors import ArtifactError, LoadGenError, ServerError
+from tuner.host import placement
 from tuner.loadgen import LoadResult, Target, get_load_generator
 from tuner.loadgen.workload import build_plan
 from tuner.measure import Measurements, measure, span_means

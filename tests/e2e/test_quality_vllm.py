@@ -18,7 +18,6 @@ from tuner.cli import compose
 from tuner.config import SloConfig, TunerConfig
 from tuner.loadgen.base import Target
 from tuner.measure import measure
-from tuner.objective import ObjectiveContext, get_constraint
 from tuner.quality import (
     QualityConfig,
     QualityOutputs,
@@ -31,6 +30,7 @@ from tuner.quality import (
     run_quality_set,
     score,
 )
+from tuner.scoring.objective import ObjectiveContext, get_constraint
 from tuner.server import LaunchSpec, make_backend
 
 pytestmark = pytest.mark.e2e

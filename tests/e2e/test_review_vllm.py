@@ -29,7 +29,7 @@ import yaml
 
 from tests.conftest import ROOT, leftover_processes
 from tests.e2e.conftest import SmallStudy, load_studies
-from tuner import k8s
+from tuner.export import k8s
 from tuner.server.vllm_parser import check_argvs, parsed_args
 
 pytestmark = pytest.mark.e2e

@@ -11,8 +11,8 @@ import sys
 import pytest
 
 from tests.e2e.conftest import SmallStudy, load_studies
-from tuner.placement import Placement
-from tuner.storage import ATTR_BASELINE_STUDY
+from tuner.host.placement import Placement
+from tuner.schema import StudyAttr
 
 pytestmark = pytest.mark.e2e
 
@@ -40,7 +40,7 @@ def test_study_on_postgresql_completes_with_stored_decision(small_study: SmallSt
         place = Placement(tuple(allowed[:-1]), tuple(allowed[-1:]))
     assert f"CPUs: {place.describe()} (placement)" in out
     cpus, billed = place.as_text(), len(place.server or allowed)
-    baseline = studies[stage.user_attrs[ATTR_BASELINE_STUDY]]  # the storage holds others too
+    baseline = studies[stage.user_attrs[StudyAttr.BASELINE_STUDY]]  # the storage holds others too
     assert baseline.user_attrs["fingerprint"]["placement"] == cpus
     for t in search:  # what the dashboard shows without extra code
         assert t.user_attrs["vllm_command"].startswith(sys.executable)

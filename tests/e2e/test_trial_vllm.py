@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from tuner.cli import compose
-from tuner.process import port_is_free
+from tuner.host.process import port_is_free
 from tuner.records import read_records
 
 pytestmark = pytest.mark.e2e

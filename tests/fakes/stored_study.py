@@ -174,7 +174,7 @@ def make_stored_study(studies_dir: Path, name: str = "demo") -> StoredStudy:
             "workload": {"mode": "closed", "concurrency": 8},
             "model": {"model": "/models/tiny-llama"},
             "fixed_args": {},
-            "placement": {"server": "0", "client": "1"},  # tuner.placement on 2 cores
+            "placement": {"server": "0", "client": "1"},  # tuner.host.placement on 2 cores
         },
     )
     baseline.add_trial(

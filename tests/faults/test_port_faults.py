@@ -14,8 +14,8 @@ import pytest
 from tests.conftest import overrides
 from tests.faults.conftest import FAST, ProcessWatch, wait_for
 from tuner.cli import compose, main
+from tuner.host.process import free_port, port_is_free
 from tuner.paths import StudyPaths
-from tuner.process import free_port, port_is_free
 from tuner.server import LaunchSpec, make_backend
 from tuner.server.base import REASON_PORT_IN_USE
 from tuner.trial import run_trial

@@ -20,6 +20,7 @@ import pytest
 from tests.fakes import make_tiny_tokenizer
 from tests.fakes.sse_server import FakeConfig, FakeServer
 from tuner.config import SloConfig
+from tuner.config.workload import LengthDist, RequestClass, WorkloadConfig
 from tuner.errors import ConfigError, LoadGenError
 from tuner.loadgen import LoadResult, LocustLoadGenerator, Target, get_load_generator
 from tuner.measure import measure
@@ -31,7 +32,6 @@ from tuner.records import (
     RequestRecord,
     read_records,
 )
-from tuner.traffic import LengthDist, RequestClass, WorkloadConfig
 
 pytestmark = pytest.mark.integration
 

@@ -19,11 +19,11 @@ import yaml
 
 from tests.conftest import ROOT
 from tests.fakes.stored_study import PLANTED, StoredStudy, make_stored_study
-from tuner import k8s
-from tuner.artifacts import artifact_store, upload_trial_artifacts, write_study_note
 from tuner.cli import main
+from tuner.export import k8s
 from tuner.paths import StudyPaths
 from tuner.redact import MASK
+from tuner.review.artifacts import artifact_store, upload_trial_artifacts, write_study_note
 
 pytestmark = pytest.mark.integration
 
@@ -138,11 +138,12 @@ def test_artifacts_of_a_live_trial_and_a_study_note(tmp_path: Path) -> None:
     (folder / "loadgen").mkdir(parents=True)
     (folder / "server.log").write_text(f"HF_TOKEN={PLANTED['HF_TOKEN']}\nok\n")
     (folder / "loadgen" / "locust.html").write_text("<html></html>")
-    study = optuna.create_study(storage=f"sqlite:///{tmp_path / 'o.db'}", study_name="x:stage")
+    storage = optuna.storages.RDBStorage(f"sqlite:///{tmp_path / 'o.db'}")
+    study = optuna.create_study(storage=storage, study_name="x:stage")
     trial = study.ask()
-    ids = upload_trial_artifacts(study, trial, folder, artifact_store(paths))
+    ids = upload_trial_artifacts(storage, study, trial, folder, artifact_store(paths))
     study.tell(trial, 1.0)
-    metas = optuna.artifacts.get_all_artifact_meta(study.trials[0], storage=study._storage)
+    metas = optuna.artifacts.get_all_artifact_meta(study.trials[0], storage=storage)
     assert sorted(m.filename for m in metas) == ["locust.html", "server.log"] and len(ids) == 2
     log = next(m for m in metas if m.filename == "server.log")
     assert (paths.artifacts_dir / log.artifact_id).read_text() == f"HF_TOKEN={MASK}\nok\n"

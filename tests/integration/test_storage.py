@@ -9,8 +9,9 @@ from pathlib import Path
 import optuna
 import pytest
 
-from tuner import storage as st
 from tuner.errors import ConfigError, StorageError
+from tuner.schema import TrialAttr
+from tuner.study import storage as st
 
 pytestmark = pytest.mark.integration
 PG = "postgresql+psycopg://postgres:s3cret-pw@127.0.0.1:5432/test"
@@ -25,17 +26,18 @@ def test_bad_urls_are_config_or_storage_errors_without_the_password() -> None:
     assert st.redact_url(PG) == "postgresql+psycopg://postgres:***@127.0.0.1:5432/test"
 
 
-def _running_trial(url: str) -> tuple[optuna.Study, optuna.Trial]:
-    study = optuna.create_study(storage=st.open_storage(url), study_name=uuid.uuid4().hex)
-    return study, study.ask()
+def _running_trial(url: str) -> tuple[optuna.storages.RDBStorage, optuna.Study, optuna.Trial]:
+    storage = st.open_storage(url)
+    study = optuna.create_study(storage=storage, study_name=uuid.uuid4().hex)
+    return storage, study, study.ask()
 
 
 def test_exclusive_local_run_fails_every_left_over_running_trial(tmp_path: Path) -> None:
-    study, _trial = _running_trial(f"sqlite:///{tmp_path / 'o.db'}")
-    assert st.fail_unfinished_trials(study, exclusive=True) == 1
+    storage, study, _trial = _running_trial(f"sqlite:///{tmp_path / 'o.db'}")
+    assert st.fail_unfinished_trials(storage, study, exclusive=True) == 1
     frozen = study.trials[0]
     assert frozen.state == optuna.trial.TrialState.FAIL
-    assert frozen.user_attrs[st.ATTR_INTERRUPTED] is True
+    assert frozen.user_attrs[TrialAttr.INTERRUPTED] is True
 
 
 def test_shared_storage_fails_only_trials_whose_heartbeat_went_silent(
@@ -43,13 +45,13 @@ def test_shared_storage_fails_only_trials_whose_heartbeat_went_silent(
 ) -> None:
     url = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
     monkeypatch.setattr(st, "GRACE_S", 1)
-    study, alive = _running_trial(url)
+    storage, study, alive = _running_trial(url)
     dead = study.ask()
-    with st.Heartbeat(study, alive._trial_id):
-        study._storage.record_heartbeat(dead._trial_id)  # type: ignore[attr-defined]
+    with st.Heartbeat(storage, st.trial_id(storage, study, alive.number)):
+        storage.record_heartbeat(st.trial_id(storage, study, dead.number))
         time.sleep(1.5)  # `dead` stays silent past the grace period; `alive` beats again
-        study._storage.record_heartbeat(alive._trial_id)  # type: ignore[attr-defined]
-        failed = st.fail_unfinished_trials(study, exclusive=False)
+        storage.record_heartbeat(st.trial_id(storage, study, alive.number))
+        failed = st.fail_unfinished_trials(storage, study, exclusive=False)
     states = {t.number: t.state for t in study.trials}
     assert failed == 1
     assert states[dead.number] == optuna.trial.TrialState.FAIL

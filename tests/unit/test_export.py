@@ -8,11 +8,11 @@ import shlex
 import pytest
 import yaml
 
-from tuner import export as ex
-from tuner import k8s
 from tuner.errors import ConfigError
-from tuner.evidence import Evidence, summary_lines
+from tuner.export import k8s
+from tuner.export import serve as ex
 from tuner.redact import MASK, Redactor
+from tuner.review.evidence import Evidence, summary_lines
 
 SECRET = "sk-never-written-123"
 

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from tuner.acceptance import decide
-from tuner.noise import NoiseEstimate, NoisePool, NoiseSplit
+from tuner.study.acceptance import Comparison, decide
+from tuner.study.noise import NoiseEstimate, NoisePool, NoiseSplit
 
 
 def test_the_estimate_pools_log_variance_over_repeated_configurations() -> None:
@@ -60,7 +60,7 @@ def _accept_rate(gain: float, cv: float, n: int, prior_df: int, pooled: bool) ->
         cand = list(1000.0 * (1 + gain) * np.exp(rng.normal(0, cv, n)))
         earlier = [list(np.exp(rng.normal(0, cv, 2))) for _ in range(prior_df)]
         noise = NoiseEstimate.of(inc, cand, *earlier) if pooled else None
-        d = decide("s", "tok_s", "maximize", inc, cand, True, 0.03, pooled=noise)
+        d = decide(Comparison("s", "tok_s", "maximize", inc, cand, True, 0.03, pooled=noise))
         accepted += d.accepted
     return accepted / draws
 

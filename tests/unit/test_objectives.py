@@ -11,11 +11,16 @@ from pathlib import Path
 import pytest
 
 import objectives
-import tuner.objective as obj
+import tuner.scoring.objective as obj
 from tuner.config import CostConfig, ObjectivesConfig, SloConfig
 from tuner.errors import ConfigError
 from tuner.measure import Measurements, MetricStats
-from tuner.objective import NO_DATA_VIOLATION, ObjectiveContext, get_constraint, get_objective
+from tuner.scoring.objective import (
+    NO_DATA_VIOLATION,
+    ObjectiveContext,
+    get_constraint,
+    get_objective,
+)
 
 README = Path(objectives.__file__).with_name("README.md")
 BUILTIN_OBJECTIVES = {

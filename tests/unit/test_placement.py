@@ -11,8 +11,16 @@ import pytest
 
 from tuner.config import PlacementConfig, TunerConfig
 from tuner.errors import ConfigError
-from tuner.placement import Placement, format_cpus, parse_cpus, pin, plan, tree_cpus
-from tuner.process import reap, spawn
+from tuner.host.placement import (
+    Placement,
+    for_trial,
+    format_cpus,
+    parse_cpus,
+    pin,
+    plan,
+    tree_cpus,
+)
+from tuner.host.process import reap, spawn
 
 AUTO = PlacementConfig()
 
@@ -71,8 +79,9 @@ def test_a_cpu_outside_the_allowed_set_is_refused_at_validation() -> None:
     cfg = TunerConfig()
     cfg.server.model, cfg.study.stages = "m", []
     cfg.placement.client_cpus = str(max(os.sched_getaffinity(0)) + 1)
+    cfg.validate()  # the config itself is well formed; this host cannot place it
     with pytest.raises(ConfigError, match=r"placement\.client_cpus=.*may not use \(allowed: "):
-        cfg.validate()
+        for_trial(cfg)
 
 
 def test_spawn_pins_the_child_and_its_children_threads_included(tmp_path: Path) -> None:

@@ -12,7 +12,6 @@ import pytest
 from tests.fakes.quality_items import item, out, run
 from tuner.config import ParamSpec, SloConfig
 from tuner.measure import measure
-from tuner.objective import NO_DATA_VIOLATION, UNSET_SLO, ObjectiveContext, get_constraint
 from tuner.quality import (
     FORMAT_CHECKS,
     QualityConfig,
@@ -29,6 +28,7 @@ from tuner.quality import (
     quality_line,
     score,
 )
+from tuner.scoring.objective import NO_DATA_VIOLATION, UNSET_SLO, ObjectiveContext, get_constraint
 
 NO_TRAFFIC = measure([], 0.0, 1.0, SloConfig())  # the gate never reads the measurements
 

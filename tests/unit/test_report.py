@@ -9,10 +9,10 @@ import pandas as pd
 import pytest
 
 from tests.fakes.stored_study import PLANTED, make_stored_study
-from tuner import plots
-from tuner.report import Report, _parquet_ready, build_report
-from tuner.report_render import html_page, note_markdown, summary_text
-from tuner.review import Review, nondominated, open_review
+from tuner.review import plots
+from tuner.review.render import _parquet_ready, html_page, note_markdown, summary_text
+from tuner.review.report import Report, build_report
+from tuner.review.stored import Review, nondominated, open_review
 
 PNG = b"\x89PNG\r\n\x1a\n"
 
@@ -112,7 +112,7 @@ def test_parquet_gets_one_type_per_column() -> None:
 
 
 def test_report_files_are_written(report: Report, tmp_path: Path) -> None:
-    from tuner.report import write_report
+    from tuner.review.render import write_report
 
     written = write_report(report, tmp_path)
     names = {p.name for p in written}

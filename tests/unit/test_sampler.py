@@ -12,11 +12,11 @@ import optuna
 import pytest
 from optuna.trial import FrozenTrial
 
-from tuner import search_space as ss
 from tuner.config import ParamSpec, SamplerConfig
 from tuner.errors import ConfigError
-from tuner.objective import NO_DATA_VIOLATION
-from tuner.sampler import grid_size, grid_values, known_samplers, make_sampler
+from tuner.scoring.objective import NO_DATA_VIOLATION
+from tuner.search import space as ss
+from tuner.search.samplers import grid_size, grid_values, known_samplers, make_sampler
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 SPACE = {

@@ -10,9 +10,9 @@ import pytest
 import yaml
 from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
 
-from tuner import search_space as ss
-from tuner import space_checks as checks
 from tuner.errors import ConfigError
+from tuner.search import checks
+from tuner.search import space as ss
 
 CONF = Path(__file__).resolve().parents[2] / "conf"
 BATCHING: dict[str, Any] = {

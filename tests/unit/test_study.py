@@ -15,13 +15,14 @@ import optuna
 import pytest
 
 from tests.fakes.grid_table import DEFAULTS, GROUPS, PARAMS, load_replay, write_table
-from tuner.acceptance import meets
 from tuner.config import ParamSpec, ServerConfig
 from tuner.errors import ConfigError
-from tuner.evaluation import Evaluator
-from tuner.search_space import resolve
-from tuner.stage import REFINE, ROLE_INCUMBENT, ROLE_SEARCH, plan_stages
-from tuner.study import StudyRunner
+from tuner.schema import REFINE, Role
+from tuner.scoring.feasibility import meets
+from tuner.search.space import resolve
+from tuner.study.evaluation import Evaluator
+from tuner.study.runner import StudyRunner
+from tuner.study.stages import plan_stages
 
 
 @pytest.fixture(scope="module")
@@ -77,8 +78,8 @@ def test_incumbent_without_a_full_point_is_not_seeded(replay: ModuleType, tmp_pa
     run = Run(replay, tmp_path, strategy, fixed={})
     # The baseline leaves both flags to vLLM: neither stage can place it, so neither is seeded.
     for stage in GROUPS:
-        assert run.trials(stage, ROLE_INCUMBENT) == []
-        assert len(run.trials(stage, ROLE_SEARCH)) == 2
+        assert run.trials(stage, Role.INCUMBENT) == []
+        assert len(run.trials(stage, Role.SEARCH)) == 2
     assert any("first: the incumbent runs vLLM's own default" in m for m in run.said)
 
 
@@ -88,9 +89,9 @@ def test_gp_seeded_with_a_full_point_keeps_its_search_space(
     """The regression the replay found: a seed with a partial point made GP sample at random."""
     strategy = replay.StudyStrategy("t", "joint", "gp", 4, repeats=1, n_startup_trials=2)
     run = Run(replay, tmp_path, strategy, fixed={"max_num_seqs": 16, "max_num_batched_tokens": 512})
-    (seed,) = run.trials("joint", ROLE_INCUMBENT)
+    (seed,) = run.trials("joint", Role.INCUMBENT)
     assert seed.number == 0 and seed.params == {"max_num_seqs": 16, "max_num_batched_tokens": 512}
-    assert len(run.trials("joint", ROLE_SEARCH)) == 4
+    assert len(run.trials("joint", Role.SEARCH)) == 4
     assert run.fallbacks == 0  # GP modelled every trial after its start-up trials
 
 
@@ -99,7 +100,7 @@ def test_staged_study_ends_with_a_joint_refinement(replay: ModuleType, tmp_path:
     run = Run(replay, tmp_path, strategy, fixed={})
     assert [s.name for s in run.runner.stages] == ["first", "second", REFINE]
     assert set(run.runner.stages[-1].specs) == set(PARAMS)
-    refine = run.trials(REFINE, ROLE_SEARCH)
+    refine = run.trials(REFINE, Role.SEARCH)
     assert all(set(t.params) == set(PARAMS) for t in refine)
     # The budget is 3 launches of new points; proposals of measured points are reused.
     launched = [launch.key for launch in run.launches if launch.label == REFINE]
@@ -128,11 +129,11 @@ def test_repeated_points_are_reused_and_a_small_space_ends_early(
     for stage, seeded in (("first", 0), ("second", 1)):
         launched = [launch.key for launch in run.launches if launch.label == stage]
         assert len(launched) == len(set(launched)) <= 3 - seeded
-        search = run.trials(stage, ROLE_SEARCH)
+        search = run.trials(stage, Role.SEARCH)
         reused = [t for t in search if "reused_from" in t.user_attrs]
         assert len(search) == len(launched) + len(reused)
         for t in reused:  # the stored measurement of the same point, told again
-            (src,) = [s for s in search + run.trials(stage, ROLE_INCUMBENT)
+            (src,) = [s for s in search + run.trials(stage, Role.INCUMBENT)
                       if s.number == t.user_attrs["reused_from"]]  # fmt: skip
             assert src.params == t.params and src.values == t.values
         assert f"stage {stage}: all 3 points of its space are measured" in run.said
@@ -150,7 +151,7 @@ def test_refine_reuses_configurations_measured_in_earlier_stages(
     refine_keys = [launch.key for launch in run.launches if launch.label == REFINE]
     assert not stage_keys & set(refine_keys)  # never launched again
     assert len(refine_keys) == len(set(refine_keys))
-    refine = run.trials(REFINE, ROLE_SEARCH)
+    refine = run.trials(REFINE, Role.SEARCH)
     elsewhere = [t for t in refine if t.user_attrs.get("reused_from_stage") in GROUPS]
     assert all(t.user_attrs["stage"] == REFINE for t in refine)
     # 9 launches asked over 9 points, some measured by the stages: those come as reuses,
@@ -372,8 +373,8 @@ def test_resuming_a_study_with_other_objectives_is_refused(
 
 
 def test_the_summary_shows_a_kept_baseline_once_and_a_new_incumbent_as_a_change() -> None:
-    from tuner.session import outcome_lines
-    from tuner.stage import Incumbent, StudyResult
+    from tuner.study.session import outcome_lines
+    from tuner.study.stages import Incumbent, StudyResult
 
     names = ["p99_e2e_latency", "output_throughput"]
     base = Incumbent({}, [0.89, 1724.0], {}, "baseline", [1720.0, 1728.0])

@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 
 from tests.fakes import make_tiny_tokenizer
+from tuner.config.workload import LengthDist, RequestClass, WorkloadConfig
 from tuner.errors import ConfigError
 from tuner.loadgen import workload as wl
-from tuner.traffic import LengthDist, RequestClass, WorkloadConfig
 
 
 @pytest.fixture(scope="module")

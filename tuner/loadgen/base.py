@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol, TypeVar
 
+from tuner.config.workload import WorkloadConfig
 from tuner.errors import ConfigError
-from tuner.traffic import WorkloadConfig
 
 
 @dataclass(frozen=True)

@@ -21,12 +21,12 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from tuner.config.workload import WorkloadConfig
 from tuner.errors import ArtifactError, LoadGenError
+from tuner.host.process import reap, spawn
 from tuner.loadgen.base import LoadResult, Target, register_load_generator
 from tuner.loadgen.workload import build_plan, write_plan
-from tuner.process import reap, spawn
 from tuner.records import PHASE_MEASURE, PHASE_WARMUP, RequestRecord, read_records, write_records
-from tuner.traffic import WorkloadConfig
 
 LOCUSTFILE = Path(__file__).with_name("locustfile.py")
 RECORDS_PREFIX = "records"  # per process: records-<pid>.jsonl and records-<pid>.run.json
@@ -70,7 +70,7 @@ class LocustLoadGenerator:
         self.python = python or sys.executable  # the venv that has locust and tuner
         self.locustfile = locustfile or LOCUSTFILE
         self.slack_s = slack_s  # start-up and exit time allowed on top of the run itself
-        self.cpus = cpus  # the client's CPUs (tuner.placement); None = any
+        self.cpus = cpus  # the client's CPUs (tuner.host.placement); None = any
 
     # ------------------------------------------------------------------ public
     def run(

@@ -22,8 +22,8 @@ from typing import Any
 
 import numpy as np
 
+from tuner.config.workload import LengthDist, RequestClass, WorkloadConfig
 from tuner.errors import ConfigError
-from tuner.traffic import LengthDist, RequestClass, WorkloadConfig
 
 MIN_PLAN_SIZE = 512
 MAX_PLAN_SIZE = 8192  # ~1 ms per prompt to synthesize; plans are memoized per process

@@ -30,6 +30,7 @@ from tuner.errors import ArtifactError, ConfigError
 from tuner.quality.items import QualityItem, format_ok, is_correct, load_items
 from tuner.quality.runner import QualityOutput, QualityOutputs
 from tuner.quality.settings import QualityConfig
+from tuner.schema import TrialAttr, quality_attr
 
 AGREEMENT_METRICS = (
     "exact_match_rate",
@@ -272,13 +273,13 @@ def quality_attrs(quality: Mapping[str, Any] | None) -> dict[str, Any]:
         return {}
     scores = quality.get("scores") or {}
     attrs: dict[str, Any] = {
-        "quality_gated": bool(quality.get("applies")),
-        "quality_errors": quality.get("errors", 0),
-        "quality_drops": quality.get("drops", {}),
-        "quality_note": quality.get("note", ""),
-        "quality_outputs": quality.get("outputs", ""),  # a later study's baseline reference
+        TrialAttr.QUALITY_GATED: bool(quality.get("applies")),
+        TrialAttr.QUALITY_ERRORS: quality.get("errors", 0),
+        TrialAttr.QUALITY_DROPS: quality.get("drops", {}),
+        TrialAttr.QUALITY_NOTE: quality.get("note", ""),
+        TrialAttr.QUALITY_OUTPUTS: quality.get("outputs", ""),  # a later study's reference
     }
-    attrs.update({f"q_{m}": scores[m] for m in GATE_METRICS if scores.get(m) is not None})
+    attrs.update({quality_attr(m): scores[m] for m in GATE_METRICS if scores.get(m) is not None})
     return attrs
 
 

@@ -11,7 +11,7 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
-from tuner.host import CPUINFO, read_cpuinfo
+from tuner.host.cpu import CPUINFO, read_cpuinfo
 
 PRELOAD = Path(__file__).resolve().with_name("preload")
 

@@ -20,7 +20,7 @@ import requests
 
 from tuner.config import ServerConfig
 from tuner.errors import PreflightError, ServerDiedError, ServerError, ServerStartError
-from tuner.process import free_port, port_is_free, reap, spawn, wait_port_free
+from tuner.host.process import free_port, port_is_free, reap, spawn, wait_port_free
 from tuner.server import amx, base
 from tuner.server.base import LaunchSpec, ServerInfo
 from tuner.server.vllm_parser import vllm_version

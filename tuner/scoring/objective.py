@@ -37,10 +37,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar, Literal, TypeVar
 
-from tuner.acceptance import meets
 from tuner.config import CostConfig, ObjectivesConfig, SloConfig
 from tuner.errors import ConfigError
 from tuner.measure import Measurements
+from tuner.scoring.feasibility import meets
 
 # Literal, so that a list of directions goes to optuna.create_study as it is typed there.
 Direction = Literal["minimize", "maximize"]
@@ -65,7 +65,7 @@ class ObjectiveContext:
     device: str = "cpu"  # cpu | cuda
     gpus_used: int = 0  # TP x PP x DP of the trial (cuda only)
     gpu_model: str = ""  # e.g. NVML's "NVIDIA H200"; cost.gpu_model wins when set
-    cpus: int = 0  # CPUs the trial's server was pinned to (tuner.placement); 0 = not pinned
+    cpus: int = 0  # CPUs the trial's server was pinned to (tuner.host.placement); 0 = not pinned
     energy_j: float | None = None  # GPU energy over `window_s` (NVML); None = not measured
     window_s: float = 0.0  # the window over which energy_j was measured
     # The quality gate (tuner.quality): per gated metric, (baseline - candidate) - tolerance.

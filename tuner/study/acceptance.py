@@ -6,7 +6,7 @@ and the decision uses every measurement of both. The rule is deliberately simple
 
     gain      = mean(candidate) - mean(incumbent)          (sign-adjusted: larger is better)
     noise     = t(0.975, df) * sd * sqrt(1/n_c + 1/n_i) * |mean(incumbent)|
-                (sd, df: the study's pooled relative noise, tuner.noise; study.noise=pair:
+                (sd, df: the study's pooled relative noise, tuner.study.noise; study.noise=pair:
                  2 * sqrt(var_c / n_c + var_i / n_i), each comparison's own variances)
     threshold = max(noise, min_gain * |mean(incumbent)|)
     accept   <=> the candidate meets every constraint on the mean of its repeats and
@@ -18,24 +18,45 @@ window rests on its two or three slowest requests, so a configuration whose true
 under the SLO can miss it in any single window (the AVX2 landscape's P99 spread between repeats
 is up to 45 %, benchmarks/README.md). Demanding every repeat would reject such a configuration
 more often the more carefully it was measured. A failed repeat still disqualifies: its violation
-is a 1e6 sentinel (tuner.objective.NO_DATA_VIOLATION) that no mean absorbs.
+is a 1e6 sentinel (tuner.scoring.objective.NO_DATA_VIOLATION) that no mean absorbs.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import numpy as np
 
-from tuner.noise import NoiseEstimate, NoiseSplit
+from tuner.study.noise import NoiseEstimate, NoiseSplit
 
 # The F-test's level at which the baseline's launches count as differing beyond their windows.
 SPLIT_P = 0.05
 
 
-@dataclass
+@dataclass(frozen=True)
+class Comparison:
+    """What the rule compares: a stage's winner against the incumbent, both re-measured.
+
+    ``incumbent`` and ``candidate`` are the selection objective's values of each side;
+    ``candidate_feasible`` and ``incumbent_feasible`` are :func:`meets` of each side's
+    :func:`mean_constraints`; ``pooled`` is the study's noise (including these two sides'
+    repeats), None for the pair rule.
+    """
+
+    stage: str
+    objective: str
+    direction: str  # maximize | minimize
+    incumbent: Sequence[float]
+    candidate: Sequence[float]
+    candidate_feasible: bool
+    min_gain: float
+    incumbent_feasible: bool = True
+    pooled: NoiseEstimate | None = None
+
+
+@dataclass(frozen=True)
 class Decision:
     """A stored, printable acceptance decision."""
 
@@ -83,21 +104,6 @@ class Decision:
         return "" if self.noise_df is None else f", noise over {self.noise_df} df"
 
 
-def mean_constraints(repeats: Sequence[Mapping[str, float]]) -> dict[str, float]:
-    """Each constraint's mean violation over the repeats (<= 0: met on average)."""
-    names = {name for r in repeats for name in r}
-    return {n: float(np.mean([r[n] for r in repeats if n in r])) for n in sorted(names)}
-
-
-def meets(constraints: Mapping[str, float]) -> bool:
-    return all(v <= 0 for v in constraints.values())
-
-
-def violation(constraints: Mapping[str, float]) -> float:
-    """How far a measurement misses its constraints: the sum of the violated ones (0 if met)."""
-    return float(sum(max(v, 0.0) for v in constraints.values()))
-
-
 def _sem2(values: np.ndarray) -> float:
     """Variance of the mean; 0 for a single value (its noise is unknown, min_gain still holds)."""
     if len(values) < 2:
@@ -111,50 +117,41 @@ def _two_se(sem2_a: float, sem2_b: float) -> float:
     return 2.0 * float(np.sqrt(sem2_a + sem2_b))
 
 
-def decide(
-    stage: str,
-    objective: str,
-    direction: str,
-    incumbent: Sequence[float],
-    candidate: Sequence[float],
-    candidate_feasible: bool,
-    min_gain: float,
-    incumbent_feasible: bool = True,
-    pooled: NoiseEstimate | None = None,
-) -> Decision:
-    """Apply the rule above. ``direction`` is ``maximize`` or ``minimize``.
+def decide(c: Comparison) -> Decision:
+    """Apply the rule above.
 
-    ``candidate_feasible`` and ``incumbent_feasible`` are :func:`meets` of each side's
-    :func:`mean_constraints`. Feasibility comes first: an incumbent that violates a constraint
-    (e.g. a baseline over the SLO) gives way to a feasible candidate, whatever the gain.
-    ``pooled`` is the study's noise (including these two sides' repeats); None: the pair rule.
+    Feasibility comes first: an incumbent that violates a constraint (e.g. a baseline over the
+    SLO) gives way to a feasible candidate, whatever the gain.
     """
-    sign = 1.0 if direction == "maximize" else -1.0
-    inc, cand = np.asarray(incumbent, float), np.asarray(candidate, float)
-    decision = Decision(stage, objective, direction, False, "", list(inc), list(cand))
+    sign = 1.0 if c.direction == "maximize" else -1.0
+    inc, cand = np.asarray(c.incumbent, float), np.asarray(c.candidate, float)
+    head = Decision(c.stage, c.objective, c.direction, False, "", list(inc), list(cand))
     if len(inc) == 0 or len(cand) == 0:
-        decision.reason = "no measurements to compare"
-        return decision
-    decision.incumbent_mean, decision.candidate_mean = float(inc.mean()), float(cand.mean())
-    decision.gain = sign * (decision.candidate_mean - decision.incumbent_mean)
-    if pooled is None:
-        decision.noise = _two_se(_sem2(inc), _sem2(cand))
+        return replace(head, reason="no measurements to compare")
+    inc_mean, cand_mean = float(inc.mean()), float(cand.mean())
+    gain = sign * (cand_mean - inc_mean)
+    if c.pooled is None:
+        noise, df = _two_se(_sem2(inc), _sem2(cand)), None
     else:
-        decision.noise = pooled.threshold(len(inc), len(cand), decision.incumbent_mean)
-        decision.noise_df = pooled.df
-    decision.threshold = max(decision.noise, min_gain * abs(decision.incumbent_mean))
-    if not candidate_feasible:
-        decision.reason = "candidate violated an SLO on the mean of its repeats, or a repeat failed"
-    elif not incumbent_feasible:
-        decision.accepted = True
-        decision.reason = "the incumbent violates a constraint; the candidate meets every one"
-    elif not np.isfinite(decision.gain):
-        decision.reason = "a re-measurement gave no value"
-    elif decision.gain > decision.threshold:
-        decision.accepted, decision.reason = True, "gain exceeds the measured noise"
-    else:
-        decision.reason = "gain within the measured noise"
-    return decision
+        noise, df = c.pooled.threshold(len(inc), len(cand), inc_mean), c.pooled.df
+    threshold = max(noise, c.min_gain * abs(inc_mean))
+    accepted, reason = _verdict(c, gain, threshold)
+    return replace(
+        head, accepted=accepted, reason=reason, incumbent_mean=inc_mean,
+        candidate_mean=cand_mean, gain=gain, noise=noise, noise_df=df, threshold=threshold,
+    )  # fmt: skip
+
+
+def _verdict(c: Comparison, gain: float, threshold: float) -> tuple[bool, str]:
+    if not c.candidate_feasible:
+        return False, "candidate violated an SLO on the mean of its repeats, or a repeat failed"
+    if not c.incumbent_feasible:
+        return True, "the incumbent violates a constraint; the candidate meets every one"
+    if not np.isfinite(gain):
+        return False, "a re-measurement gave no value"
+    if gain > threshold:
+        return True, "gain exceeds the measured noise"
+    return False, "gain within the measured noise"
 
 
 def resolvable_gain(

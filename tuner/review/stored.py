@@ -1,9 +1,9 @@
 """A stored study, read back for review: `tuner report`, `tuner export` and `tuner dashboard`.
 
 Reading needs only the storage and the study folder (never Hydra, never a server). The storage
-layout is the one :mod:`tuner.study` writes: ``baseline:<fingerprint>``, ``<name>:<stage>`` (the
-incumbent as first trial, search trials, the acceptance ``decision`` in user attrs) and
-``<name>:confirm``. ``studies/<name>/config.yaml`` gives the fixed server args and the search
+layout is named by :mod:`tuner.schema`: a baseline study, a study per stage (the incumbent as
+first trial, search trials, the acceptance decision in its attrs) and one of confirmations.
+``studies/<name>/config.yaml`` gives the fixed server args and the search
 space specs (for export); without it, report and dashboard still work.
 """
 
@@ -21,14 +21,25 @@ import yaml
 from optuna.trial import FrozenTrial
 
 from tuner.errors import ConfigError
+from tuner.host.placement import ALL, parse_cpus
 from tuner.paths import StudyPaths
-from tuner.placement import ALL, parse_cpus
-from tuner.stage import ATTR_DECISION, ROLE_BASELINE, ROLE_INCUMBENT, ROLE_SEARCH
-from tuner.storage import ATTR_BASELINE_STUDY, ATTR_BASELINE_TRIAL, open_storage, redact_url
-from tuner.trial_view import TrialView, nondominated
+from tuner.redact import Redactor
+from tuner.review.trial_view import TrialView, nondominated
+from tuner.schema import (
+    CONFIRM,
+    Role,
+    StudyAttr,
+    TrialAttr,
+    confirm_label,
+    confirm_study,
+    is_baseline_study,
+    owns,
+    stage_of,
+    stage_study,
+    study_of,
+)
+from tuner.study.storage import open_storage, redact_url
 
-BASELINE_PREFIX = "baseline:"
-CONFIRM = "confirm"
 __all__ = ["Choice", "Review", "TrialView", "nondominated", "open_review"]
 
 
@@ -93,14 +104,14 @@ class Review:
     def fingerprint(self) -> dict[str, Any]:
         if self.baseline_study is None:
             return {}
-        return dict(self.baseline_study.user_attrs.get("fingerprint") or {})
+        return dict(self.baseline_study.user_attrs.get(StudyAttr.FINGERPRINT) or {})
 
     @property
     def decisions(self) -> dict[str, dict[str, Any]]:
         return {
-            stage: dict(study.user_attrs[ATTR_DECISION])
+            stage: dict(study.user_attrs[StudyAttr.DECISION])
             for stage, study in self.stages.items()
-            if ATTR_DECISION in study.user_attrs
+            if StudyAttr.DECISION in study.user_attrs
         }
 
     @property
@@ -127,7 +138,7 @@ class Review:
     def baseline(self) -> TrialView | None:
         if self.baseline_study is None:
             return None
-        views = [_view(self.baseline_study, ROLE_BASELINE, t) for t in self.baseline_study.trials]
+        views = [_view(self.baseline_study, Role.BASELINE, t) for t in self.baseline_study.trials]
         ok = [v for v in views if v.measured]
         linked = [v for v in ok if v.trial.number == self._linked_baseline_trial()]
         if linked:
@@ -139,13 +150,13 @@ class Review:
 
     def _linked_baseline_trial(self) -> int | None:
         first = next(iter(self.stages.values()), None)
-        number = first.user_attrs.get(ATTR_BASELINE_TRIAL) if first else None
+        number = first.user_attrs.get(StudyAttr.BASELINE_TRIAL) if first else None
         return int(number) if number is not None else None
 
     def _seeded_baseline_values(self) -> list[float] | None:
         # Studies stored before the baseline link: the first stage's seeded incumbent.
         first = next(iter(self.stages.values()), None)
-        seeds = [t for t in (first.trials if first else []) if _role(t) == ROLE_INCUMBENT]
+        seeds = [t for t in (first.trials if first else []) if _role(t) == Role.INCUMBENT]
         return list(seeds[0].values) if seeds and seeds[0].values else None
 
     def stage_trials(self, stage: str) -> list[TrialView]:
@@ -160,11 +171,11 @@ class Review:
         """Every trial with its own measurement or failure: baseline, search, confirmation."""
         out = [self.baseline] if self.baseline else []
         for stage in self.stages:
-            out += [v for v in self.stage_trials(stage) if v.role != ROLE_INCUMBENT]
+            out += [v for v in self.stage_trials(stage) if v.role != Role.INCUMBENT]
         return out + self.confirm_trials()
 
     def search_trials(self) -> list[TrialView]:
-        return [v for st in self.stages for v in self.stage_trials(st) if v.role == ROLE_SEARCH]
+        return [v for st in self.stages for v in self.stage_trials(st) if v.role == Role.SEARCH]
 
     def value(self, view: TrialView, objective: str) -> float | None:
         """An objective value of a trial (None when failed or not finite)."""
@@ -182,7 +193,7 @@ class Review:
         pool = self.stage_trials(stage) if stage is not None else self.search_trials()
         scored = [(self.value(v, self.select_by), v) for v in pool]
         valid = [(sign * s, v) for s, v in scored if s is not None and v.feasible]
-        valid = [(s, v) for s, v in valid if v.role == ROLE_SEARCH]
+        valid = [(s, v) for s, v in valid if v.role == Role.SEARCH]
         return max(valid, key=lambda sv: sv[0])[1] if valid else None
 
     def pareto(self) -> list[TrialView]:
@@ -215,23 +226,23 @@ class Review:
     def _stage_for(self, stage: str | None) -> str:
         if stage is None and len(self.stages) == 1:
             return next(iter(self.stages))
-        if stage == ROLE_BASELINE or stage in self.stages:
+        if stage == Role.BASELINE or stage in self.stages:
             return str(stage)
         raise ConfigError(
             f"--stage {stage!r} is not a stage of study {self.name!r}"
             if stage
             else f"study {self.name!r} has several stages: say which with --stage",
-            hint=f"stages: {', '.join([ROLE_BASELINE, *self.stages])}",
+            hint=f"stages: {', '.join([Role.BASELINE, *self.stages])}",
         )
 
     def _find(self, stage: str, number: Any) -> TrialView | None:
-        if stage == ROLE_BASELINE:
+        if stage == Role.BASELINE:
             return self.baseline
         return next((v for v in self.stage_trials(stage) if v.number == number), None)
 
     def _trial_choice(self, stage: str, number: int) -> Choice:
-        view = self._find(stage, number) if stage != ROLE_BASELINE else self.baseline
-        if view is None or (stage == ROLE_BASELINE and view.number != number):
+        view = self._find(stage, number) if stage != Role.BASELINE else self.baseline
+        if view is None or (stage == Role.BASELINE and view.number != number):
             raise ConfigError(
                 f"study {self.name!r} has no trial {number} in stage {stage}",
                 hint="see `tuner report` for the trial numbers",
@@ -239,14 +250,14 @@ class Review:
         if not view.measured:
             raise ConfigError(
                 f"trial {view.label} has no measurement of its own "
-                f"({view.attrs.get('failure_reason') or view.role})",
+                f"({view.attrs.get(TrialAttr.FAILURE_REASON) or view.role})",
                 hint="export a measured trial (see `tuner report`)",
             )
         return Choice(f"trial {view.label}", view.params, view)
 
 
 def _role(trial: FrozenTrial) -> str:
-    return str(trial.user_attrs.get("role", ""))
+    return str(trial.user_attrs.get(TrialAttr.ROLE, ""))
 
 
 def _view(study: optuna.Study, stage: str, trial: FrozenTrial) -> TrialView:
@@ -254,8 +265,10 @@ def _view(study: optuna.Study, stage: str, trial: FrozenTrial) -> TrialView:
 
 
 def _confirm_stage(trial: FrozenTrial) -> str:
-    tag = str(trial.user_attrs.get("confirm_tag", ""))
-    return f"{tag.split('/')[0]}-confirm" if tag else str(trial.user_attrs.get("stage", CONFIRM))
+    tag = str(trial.user_attrs.get(TrialAttr.CONFIRM_TAG, ""))
+    if tag:
+        return confirm_label(tag.split("/")[0])
+    return str(trial.user_attrs.get(TrialAttr.STAGE, CONFIRM))
 
 
 # -- loading -----------------------------------------------------------------------------------
@@ -277,16 +290,16 @@ def open_review(
     url = storage or paths.default_storage_url
     rdb = open_storage(url)
     names = [s.study_name for s in optuna.get_all_study_summaries(rdb, include_best_trial=False)]
-    own = [n for n in names if n.startswith(f"{name}:")]
+    own = [n for n in names if owns(name, n)]
     if not own:
-        known = sorted({n.split(":")[0] for n in names if not n.startswith(BASELINE_PREFIX)})
+        known = sorted({study_of(n) for n in names if not is_baseline_study(n)})
         raise ConfigError(
             f"storage {redact_url(url)} has no study named {name!r}",
             hint=f"known studies: {', '.join(known) or 'none'}",
         )
     config = _read_config(paths)
     stages = _stages(rdb, name, own, config)
-    confirm = _load(rdb, f"{name}:{CONFIRM}") if f"{name}:{CONFIRM}" in own else None
+    confirm = _load(rdb, confirm_study(name)) if confirm_study(name) in own else None
     baseline = _baseline_study(rdb, names, stages, config)
     return Review(name, url, paths, rdb, stages, confirm, baseline, config)
 
@@ -307,10 +320,10 @@ def _stages(
     storage: optuna.storages.RDBStorage, name: str, own: list[str], config: dict[str, Any]
 ) -> dict[str, optuna.Study]:
     """Stage studies in the configured order (then any others, by name)."""
-    present = [n.split(":", 1)[1] for n in own if n != f"{name}:{CONFIRM}"]
+    present = [stage_of(n) for n in own if n != confirm_study(name)]
     configured = list((config.get("study") or {}).get("stages") or [])
     order = [s for s in configured if s in present] + sorted(set(present) - set(configured))
-    return {stage: _load(storage, f"{name}:{stage}") for stage in order}
+    return {stage: _load(storage, stage_study(name, stage)) for stage in order}
 
 
 def _baseline_study(
@@ -320,18 +333,20 @@ def _baseline_study(
     config: dict[str, Any],
 ) -> optuna.Study | None:
     """The baseline this study was compared against (several may share one storage)."""
-    candidates = [n for n in names if n.startswith(BASELINE_PREFIX)]
-    linked = [st.user_attrs.get(ATTR_BASELINE_STUDY) for st in stages.values()]
+    candidates = [n for n in names if is_baseline_study(n)]
+    linked = [st.user_attrs.get(StudyAttr.BASELINE_STUDY) for st in stages.values()]
     for n in linked:
         if n in candidates:
             return _load(storage, str(n))
     studies = [_load(storage, n) for n in candidates]
     first = next(iter(stages.values()), None)
-    seeds = [t.values for t in (first.trials if first else []) if _role(t) == ROLE_INCUMBENT]
+    seeds = [t.values for t in (first.trials if first else []) if _role(t) == Role.INCUMBENT]
     for study in studies:
         if seeds and any(t.values == seeds[0] for t in study.trials):
             return study
-    matching = [s for s in studies if _same_setup(s.user_attrs.get("fingerprint") or {}, config)]
+    matching = [
+        s for s in studies if _same_setup(s.user_attrs.get(StudyAttr.FINGERPRINT) or {}, config)
+    ]
     found = matching or (studies if len(studies) == 1 else [])
     return found[-1] if found else None
 
@@ -344,3 +359,10 @@ def _same_setup(fingerprint: dict[str, Any], config: dict[str, Any]) -> bool:
         and model == server.get("model")
         and (fingerprint.get("fixed_args") == dict(sorted((server.get("args") or {}).items())))
     )
+
+
+def study_redactor(review: Review) -> Redactor:
+    """Secrets this study could leak: its server env, storage password, this environment."""
+    server = review.config.get("server") or {}
+    env = {**(server.get("env") or {}), "api_key": server.get("api_key") or ""}
+    return Redactor.for_environment(env, [review.storage_url])

@@ -9,19 +9,15 @@ trial, change against the baseline, the acceptance decision), :func:`failures_fr
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import optuna
 import pandas as pd
 from optuna.distributions import BaseDistribution
 
-from tuner import plots
-from tuner.diagnosis import diagnose
-from tuner.errors import ArtifactError
-from tuner.export import study_redactor
-from tuner.redact import Redactor
-from tuner.review import Review, TrialView
+from tuner.review import plots
+from tuner.review.diagnosis import diagnose
+from tuner.review.stored import Review, TrialView
 
 FIGURES = ("pareto", "improvement", "latency_cdf", "importances")
 
@@ -172,62 +168,3 @@ def _figures(report: Report) -> dict[str, bytes]:
         "latency_cdf": plots.png(plots.cdf_figure(latency_samples(review, compared))),
         "importances": plots.png(plots.importance_figure(report.importances, review.select_by)),
     }
-
-
-def _redacted(frame: pd.DataFrame, redactor: Redactor) -> pd.DataFrame:
-    out = frame.copy()
-    for col in out.columns:
-        if out[col].dtype == object:
-            out[col] = out[col].map(lambda v: redactor.text(v) if isinstance(v, str) else v)
-    return out
-
-
-def _parquet_ready(frame: pd.DataFrame) -> pd.DataFrame:
-    """Mixed-type object columns (a categorical param of str and int) as strings for Arrow."""
-    out = frame.copy()
-    for col in out.columns:
-        if out[col].dtype == object:
-            kinds = {type(v) for v in out[col].dropna()}
-            if len(kinds) > 1:
-                out[col] = out[col].map(lambda v: None if v is None else str(v))
-    return out
-
-
-def write_report(report: Report, out_dir: Path | None = None) -> list[Path]:
-    """report.html, <figure>.png, trials.csv and trials.parquet under ``out_dir``."""
-    from tuner.report_render import html_page
-
-    folder = out_dir or report.review.paths.report_dir
-    redactor = study_redactor(report.review)
-    report.trials = _redacted(report.trials, redactor)
-    report.failures = _redacted(report.failures, redactor)
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-        written = []
-        for name, data in report.figures.items():
-            written.append(folder / f"{name}.png")
-            written[-1].write_bytes(data)
-        written.append(folder / "trials.csv")
-        report.trials.to_csv(written[-1], index=False)
-        written.append(folder / "trials.parquet")
-        _parquet_ready(report.trials).to_parquet(written[-1], index=False)
-        written.append(folder / "report.html")
-        written[-1].write_text(redactor.text(html_page(report)), encoding="utf-8")
-    except OSError as exc:
-        raise ArtifactError(f"cannot write the report to {folder}: {exc.strerror}") from exc
-    return written
-
-
-def report_command(
-    name: str, storage: str | None, studies_dir: Path, out_dir: Path | None = None
-) -> int:
-    """`tuner report`: print the summary, write report.html, PNGs, CSV and Parquet."""
-    from tuner.report_render import summary_text
-    from tuner.review import open_review
-
-    review = open_review(name, storage, studies_dir)
-    report = build_report(review)
-    written = write_report(report, out_dir)
-    print(study_redactor(review).text(summary_text(report)))
-    print(f"\nreport: {written[-1]}\nfigures and tables: {written[0].parent}")
-    return 0

@@ -1,6 +1,6 @@
 """The words of a report: terminal summary, report.html and the dashboard's study note.
 
-All three render a :class:`~tuner.report.Report` (tables + PNG figures); none reads storage.
+All three render a :class:`~tuner.review.report.Report` (tables + PNG figures); none reads storage.
 """
 
 from __future__ import annotations
@@ -8,14 +8,16 @@ from __future__ import annotations
 import base64
 import html
 import math
-from typing import TYPE_CHECKING, Any
+from pathlib import Path
+from typing import Any
 
 import pandas as pd
 
-from tuner.diagnosis import RULE_MEANINGS
-
-if TYPE_CHECKING:
-    from tuner.report import Report
+from tuner.errors import ArtifactError
+from tuner.redact import Redactor
+from tuner.review.diagnosis import RULE_MEANINGS
+from tuner.review.report import Report, build_report
+from tuner.review.stored import open_review, study_redactor
 
 FIGURE_TITLES = {
     "pareto": "Pareto front: latency vs throughput (colour = cost, grey = infeasible)",
@@ -158,3 +160,57 @@ def html_page(report: Report) -> str:
         "<h2>All trials</h2><p>Every column of every trial: trials.csv, trials.parquet.</p>"
         "</body></html>\n"
     )
+
+
+def _redacted(frame: pd.DataFrame, redactor: Redactor) -> pd.DataFrame:
+    out = frame.copy()
+    for col in out.columns:
+        if out[col].dtype == object:
+            out[col] = out[col].map(lambda v: redactor.text(v) if isinstance(v, str) else v)
+    return out
+
+
+def _parquet_ready(frame: pd.DataFrame) -> pd.DataFrame:
+    """Mixed-type object columns (a categorical param of str and int) as strings for Arrow."""
+    out = frame.copy()
+    for col in out.columns:
+        if out[col].dtype == object:
+            kinds = {type(v) for v in out[col].dropna()}
+            if len(kinds) > 1:
+                out[col] = out[col].map(lambda v: None if v is None else str(v))
+    return out
+
+
+def write_report(report: Report, out_dir: Path | None = None) -> list[Path]:
+    """report.html, <figure>.png, trials.csv and trials.parquet under ``out_dir``."""
+    folder = out_dir or report.review.paths.report_dir
+    redactor = study_redactor(report.review)
+    report.trials = _redacted(report.trials, redactor)
+    report.failures = _redacted(report.failures, redactor)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        written = []
+        for name, data in report.figures.items():
+            written.append(folder / f"{name}.png")
+            written[-1].write_bytes(data)
+        written.append(folder / "trials.csv")
+        report.trials.to_csv(written[-1], index=False)
+        written.append(folder / "trials.parquet")
+        _parquet_ready(report.trials).to_parquet(written[-1], index=False)
+        written.append(folder / "report.html")
+        written[-1].write_text(redactor.text(html_page(report)), encoding="utf-8")
+    except OSError as exc:
+        raise ArtifactError(f"cannot write the report to {folder}: {exc.strerror}") from exc
+    return written
+
+
+def report_command(
+    name: str, storage: str | None, studies_dir: Path, out_dir: Path | None = None
+) -> int:
+    """`tuner report`: print the summary, write report.html, PNGs, CSV and Parquet."""
+    review = open_review(name, storage, studies_dir)
+    report = build_report(review)
+    written = write_report(report, out_dir)
+    print(study_redactor(review).text(summary_text(report)))
+    print(f"\nreport: {written[-1]}\nfigures and tables: {written[0].parent}")
+    return 0

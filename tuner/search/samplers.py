@@ -36,10 +36,10 @@ from optuna.samplers import (
 )
 from optuna.trial import FrozenTrial, TrialState
 
-from tuner import search_space
 from tuner.config import SamplerConfig
 from tuner.errors import ConfigError
-from tuner.search_space import SpecLike
+from tuner.search import space as search_space
+from tuner.search.space import SpecLike
 
 ConstraintsFunc = Callable[[FrozenTrial], Sequence[float]]
 SamplerFactory = Callable[

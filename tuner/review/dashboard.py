@@ -1,7 +1,7 @@
 """`tuner dashboard`: optuna-dashboard on loopback for one study's storage and artifacts.
 
 Before it starts, every measured trial that has no artifacts yet gets its folder's files
-attached (:mod:`tuner.artifacts`) and each study of the name gets a fresh note (baseline,
+attached (:mod:`tuner.review.artifacts`) and each study of the name gets a fresh note (baseline,
 decisions, best config, bottleneck per trial). The server runs in a child process of its own
 session, bound to 127.0.0.1; the storage URL reaches it through the environment, not argv,
 so a database password is not visible in the process list. Ctrl-C stops it.
@@ -18,11 +18,16 @@ from pathlib import Path
 
 import requests
 
-from tuner.artifacts import artifact_store, has_artifacts, upload_trial_artifacts, write_study_note
 from tuner.errors import ConfigError, TunerError
-from tuner.export import study_redactor
-from tuner.process import free_port, port_is_free, reap
-from tuner.review import Review
+from tuner.host.process import free_port, port_is_free, reap
+from tuner.review.artifacts import (
+    artifact_store,
+    has_artifacts,
+    upload_trial_artifacts,
+    write_study_note,
+)
+from tuner.review.stored import Review, study_redactor
+from tuner.study.storage import study_id
 
 HOST = "127.0.0.1"
 DEFAULT_PORT = 8080
@@ -50,9 +55,11 @@ def attach_missing_artifacts(review: Review) -> int:
     done = 0
     for view in review.trials():
         study = studies[view.study]
-        if view.folder is None or not view.folder.is_dir() or has_artifacts(study, view.trial):
+        if view.folder is None or not view.folder.is_dir():
             continue
-        if upload_trial_artifacts(study, view.trial, view.folder, store, redactor):
+        if has_artifacts(review.storage, study, view.trial):
+            continue
+        if upload_trial_artifacts(review.storage, study, view.trial, view.folder, store, redactor):
             done += 1
     return done
 
@@ -104,7 +111,7 @@ def wait_ready(proc: subprocess.Popen[bytes], base_url: str, log: Path, timeout_
 
 def study_links(review: Review, base_url: str) -> list[str]:
     return [
-        f"  {name}: {base_url}/dashboard/studies/{study._study_id}"
+        f"  {name}: {base_url}/dashboard/studies/{study_id(review.storage, study)}"
         for name, study in review.studies().items()
     ]
 
@@ -142,9 +149,9 @@ def serve(review: Review, port: int, say: Callable[[str], None], note: str) -> i
 
 def dashboard_command(name: str, storage: str | None, studies_dir: Path, port: int) -> int:
     """`tuner dashboard`: serve the study until Ctrl-C."""
-    from tuner.report import build_report
-    from tuner.report_render import note_markdown
-    from tuner.review import open_review
+    from tuner.review.render import note_markdown
+    from tuner.review.report import build_report
+    from tuner.review.stored import open_review
 
     review = open_review(name, storage, studies_dir)
     note = note_markdown(build_report(review, figures=False))
@@ -156,9 +163,9 @@ def refresh_notes(name: str, storage: str | None, studies_dir: str | Path) -> No
 
     For `tuner run` to call after each stage decision and at the end (cheap: no figures).
     """
-    from tuner.report import build_report
-    from tuner.report_render import note_markdown
-    from tuner.review import open_review
+    from tuner.review.render import note_markdown
+    from tuner.review.report import build_report
+    from tuner.review.stored import open_review
 
     review = open_review(name, storage, studies_dir)
     write_notes(review, note_markdown(build_report(review, figures=False)))

@@ -17,7 +17,7 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from tuner.placement import pin
+from tuner.host.placement import pin
 
 
 def spawn(

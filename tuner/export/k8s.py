@@ -17,8 +17,8 @@ import yaml
 from tuner.errors import ArtifactError
 
 if TYPE_CHECKING:
-    from tuner.evidence import Evidence
-    from tuner.export import ServeSpec
+    from tuner.export.spec import ServeSpec
+    from tuner.review.evidence import Evidence
 
 K8S_VERSION = "1.30"  # a conservative API level: Deployment/Service are stable long before
 PORT_NAME = "http"

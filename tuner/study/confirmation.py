@@ -1,10 +1,10 @@
 """A stage's acceptance step: re-measure its winner and the incumbent, interleaved, and decide.
 
 The search trial that won a stage had one window, and the incumbent's windows were taken
-earlier; both are measured ``study.repeats`` more times in alternation (storage study
-``<name>:confirm``, one trial per tagged slot, so a resumed run re-uses what it has) and
-:func:`tuner.acceptance.decide` keeps the winner only beyond the noise. The noise is the
-study's own (:class:`tuner.noise.NoisePool`): every configuration it measured more than once.
+earlier; both are measured ``study.repeats`` more times in alternation (in the confirmation
+study of :mod:`tuner.schema`, one trial per tagged slot, so a resumed run re-uses what it has) and
+:func:`tuner.study.acceptance.decide` keeps the winner only beyond the noise. The noise is the
+study's own (:class:`tuner.study.noise.NoisePool`): every configuration it measured more than once.
 The winner's search window counts unless ``study.count_search_window`` is false: it was picked
 as the best of the stage's draws, so luck picked it too and it reads high (benchmarks/README.md
 §14 weighs that against the power the extra window gives).
@@ -13,17 +13,21 @@ as the best of the stage's draws, so luck picked it too and it reads high (bench
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import optuna
 from optuna.trial import TrialState
 
-from tuner.acceptance import Decision, decide, mean_constraints, meets
 from tuner.config import TunerConfig
-from tuner.evaluation import Evaluated, Evaluator
-from tuner.noise import NoiseEstimate, NoisePool
-from tuner.stage import Incumbent, Repeats, Stage, search_trials, stage_winner
+from tuner.schema import TrialAttr, confirm_label, confirm_study
+from tuner.scoring.feasibility import mean_constraints, meets
+from tuner.study.acceptance import Comparison, Decision, decide
+from tuner.study.evaluation import Evaluated, Evaluator
+from tuner.study.noise import NoiseEstimate, NoisePool
+from tuner.study.stages import Incumbent, Repeats, Stage, search_trials, stage_winner
 
+NOTHING_BEAT = "no feasible trial beat the incumbent"
 # (study, trial, label, params, role) -> the evaluated measurement, told to ``study`` already
 MeasureFn = Callable[[optuna.Study, optuna.Trial, str, dict[str, Any], str], Evaluated]
 
@@ -60,22 +64,24 @@ class Confirmation:
         min_gain = self.config.study.min_gain
         inc_ok = meets(incumbent.constraints)
         if winner is None or (inc_ok and sign * winner.values[idx] <= sign * incumbent.values[idx]):
-            d = decide(stage.name, obj, direction, [], [], False, min_gain)
-            d.reason = "no feasible trial beat the incumbent"
-            return d
+            return Decision(stage.name, obj, direction, False, NOTHING_BEAT)
         cand_params = {**incumbent.params, **winner.params}
         inc, cand = self._repeats(stage, incumbent, cand_params, winner)
         self.noise.add(incumbent.params, inc.values)
         self.noise.add(cand_params, cand.values)
         inc_c, cand_c = mean_constraints(inc.constraints), mean_constraints(cand.constraints)
-        decision = decide(
+        comparison = Comparison(
             stage.name, obj, direction, inc.values, cand.values, meets(cand_c), min_gain,
             meets(inc_c), self.pooled(),
         )  # fmt: skip
-        decision.candidate_trial, decision.candidate_params = winner.number, cand_params
-        decision.candidate_objectives = list(winner.values)
-        decision.candidate_constraints, decision.incumbent_constraints = cand_c, inc_c
-        return decision
+        return replace(
+            decide(comparison),
+            candidate_trial=winner.number,
+            candidate_params=cand_params,
+            candidate_objectives=list(winner.values),
+            candidate_constraints=cand_c,
+            incumbent_constraints=inc_c,
+        )
 
     def _repeats(
         self,
@@ -87,7 +93,7 @@ class Confirmation:
         """The incumbent's measurements, the candidate's search window where it counts
         (``study.count_search_window``), then ``study.repeats`` more of each, interleaved."""
         idx = self.evaluator.select_index
-        confirm = self.open_study(f"{self.config.name}:confirm")
+        confirm = self.open_study(confirm_study(self.config.name))
         # Its earlier measurements count as many times as they are (their constraints are only
         # kept as means: repeated so that the new mean weighs every measurement alike).
         samples = incumbent.samples or [incumbent.values[idx]]
@@ -110,9 +116,9 @@ class Confirmation:
     ) -> Evaluated:
         tag = f"{stage}/{rnd}/{role}"
         for t in confirm.get_trials(states=(TrialState.COMPLETE,)):
-            if t.user_attrs.get("confirm_tag") == tag:  # measured before an interrupt
+            if t.user_attrs.get(TrialAttr.CONFIRM_TAG) == tag:  # measured before an interrupt
                 return self.evaluator.from_attrs(t)
         self.say(f"stage {stage}: confirm round {rnd + 1}/{self.config.study.repeats}: {role}")
         trial = confirm.ask()
-        trial.set_user_attr("confirm_tag", tag)
-        return self.measure(confirm, trial, f"{stage}-confirm", params, role)
+        trial.set_user_attr(TrialAttr.CONFIRM_TAG, tag)
+        return self.measure(confirm, trial, confirm_label(stage), params, role)

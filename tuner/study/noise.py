@@ -30,7 +30,6 @@ from typing import Any
 import numpy as np
 from scipy import stats
 
-RULES = ("pooled", "pair")
 CONFIDENCE = 0.975  # one-sided: about the 2.3 % of the earlier "two standard errors"
 
 

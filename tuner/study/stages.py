@@ -15,9 +15,11 @@ import numpy as np
 import optuna
 from optuna.trial import TrialState
 
-from tuner import search_space
-from tuner.acceptance import Decision, mean_constraints, meets, violation
 from tuner.config import ParamSpec, ServerConfig, TunerConfig
+from tuner.schema import REFINE, Role, TrialAttr, TrialStatus
+from tuner.scoring.feasibility import mean_constraints, meets, violation
+from tuner.search import space as search_space
+from tuner.study.acceptance import Decision
 
 
 @dataclass
@@ -55,9 +57,6 @@ class StudyResult:
     pareto: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
 
 
-REFINE = "refine"
-ROLE_BASELINE, ROLE_INCUMBENT, ROLE_SEARCH = "baseline", "incumbent", "search"
-ATTR_DECISION = "decision"  # a finished stage's acceptance decision (a stage study user attr)
 
 
 def plan_stages(config: TunerConfig) -> list[Stage]:
@@ -80,7 +79,7 @@ def plan_stages(config: TunerConfig) -> list[Stage]:
 
 def measured_ok(trial: optuna.trial.FrozenTrial) -> bool:
     """The trial's server ran and its load was measured (not a failed start or load)."""
-    return trial.user_attrs.get("status") == "ok"
+    return trial.user_attrs.get(TrialAttr.STATUS) == TrialStatus.OK
 
 
 def ok_trials(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
@@ -92,7 +91,7 @@ def baseline_incumbent(trials: Sequence[optuna.trial.FrozenTrial], select_index:
     values = [float(v) for v in np.mean([t.values for t in trials], axis=0)]
     constraints = mean_constraints([t.constraints for t in trials])
     samples = [t.values[select_index] for t in trials]
-    return Incumbent({}, values, constraints, "baseline", samples)
+    return Incumbent({}, values, constraints, Role.BASELINE, samples)
 
 
 def spec_text(spec: ParamSpec) -> str:
@@ -105,7 +104,7 @@ def spec_text(spec: ParamSpec) -> str:
 def search_trials(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
     """The stage's completed search trials (reused measurements included)."""
     done = study.get_trials(states=(TrialState.COMPLETE,))
-    return [t for t in done if t.user_attrs.get("role") == ROLE_SEARCH]
+    return [t for t in done if t.user_attrs.get(TrialAttr.ROLE) == Role.SEARCH]
 
 
 def stage_winner(
@@ -130,7 +129,7 @@ def stage_winner(
 
 def launched_trials(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
     """The search trials that started a server (a stage's budget counts these)."""
-    return [t for t in search_trials(study) if "reused_from" not in t.user_attrs]
+    return [t for t in search_trials(study) if TrialAttr.REUSED_FROM not in t.user_attrs]
 
 
 def _point(params: dict[str, Any]) -> str:
@@ -167,7 +166,7 @@ def measured_config(
     wanted = _config(canonical(params_all))
     for study in studies:
         for t in search_trials(study):
-            if _config(canonical(t.user_attrs.get("params_all", {}))) == wanted:
+            if _config(canonical(t.user_attrs.get(TrialAttr.PARAMS_ALL, {}))) == wanted:
                 return t
     return None
 
@@ -187,7 +186,7 @@ def seed_incumbent(
     samplers (GP, NSGA-II, multivariate TPE) no common search space, and they fall back to
     random sampling for the whole stage (measured in benchmarks/README.md).
     """
-    if any(t.user_attrs.get("role") == ROLE_INCUMBENT for t in study.get_trials()):
+    if any(t.user_attrs.get(TrialAttr.ROLE) == Role.INCUMBENT for t in study.get_trials()):
         return True
     params = search_space.resolve(incumbent.params, stage.specs, server)
     if params is None:
@@ -198,9 +197,9 @@ def seed_incumbent(
             params=params,
             distributions=search_space.distributions(stage.specs),
             user_attrs={
-                "role": ROLE_INCUMBENT,
-                "source": incumbent.source,
-                "params_all": jsonable(incumbent.params),
+                TrialAttr.ROLE: Role.INCUMBENT.value,
+                TrialAttr.SOURCE: incumbent.source,
+                TrialAttr.PARAMS_ALL: jsonable(incumbent.params),
             },
             constraints=incumbent.constraints,
         )
@@ -219,10 +218,10 @@ def tell_reused(
     """
     for key, value in seen.user_attrs.items():
         trial.set_user_attr(key, value)
-    trial.set_user_attr("role", ROLE_SEARCH)
-    trial.set_user_attr("stage", stage)
-    trial.set_user_attr("reused_from", seen.number)
-    trial.set_user_attr("reused_from_stage", seen.user_attrs.get("stage", stage))
+    trial.set_user_attr(TrialAttr.ROLE, Role.SEARCH.value)
+    trial.set_user_attr(TrialAttr.STAGE, stage)
+    trial.set_user_attr(TrialAttr.REUSED_FROM, seen.number)
+    trial.set_user_attr(TrialAttr.REUSED_FROM_STAGE, seen.user_attrs.get(TrialAttr.STAGE, stage))
     for key, value in seen.constraints.items():
         trial.set_constraint(key, value)
     study.tell(trial, list(seen.values))
@@ -259,7 +258,7 @@ def pareto_front(study: optuna.Study) -> list[dict[str, Any]]:
     return [
         {
             "trial": t.number,
-            "role": t.user_attrs.get("role"),
+            "role": t.user_attrs.get(TrialAttr.ROLE),
             "values": t.values,
             "params": t.params,
         }

@@ -17,7 +17,8 @@ from typing import Any
 import numpy as np
 from optuna.trial import FrozenTrial, TrialState
 
-from tuner.acceptance import meets
+from tuner.schema import TrialAttr, TrialStatus, metric_attr
+from tuner.scoring.feasibility import meets
 
 
 @dataclass(frozen=True)
@@ -38,11 +39,12 @@ class TrialView:
 
     @property
     def role(self) -> str:
-        return str(self.attrs.get("role", ""))
+        return str(self.attrs.get(TrialAttr.ROLE, ""))
 
     @property
     def ok(self) -> bool:
-        return self.trial.state == TrialState.COMPLETE and self.attrs.get("status", "ok") == "ok"
+        status = self.attrs.get(TrialAttr.STATUS, TrialStatus.OK)
+        return self.trial.state == TrialState.COMPLETE and status == TrialStatus.OK
 
     @property
     def feasible(self) -> bool:
@@ -51,7 +53,7 @@ class TrialView:
     @property
     def measured(self) -> bool:
         """A trial with its own measurement (not a seeded incumbent copy)."""
-        return self.ok and "m_completed" in self.attrs
+        return self.ok and metric_attr("completed") in self.attrs
 
     @property
     def label(self) -> str:
@@ -59,16 +61,16 @@ class TrialView:
 
     @property
     def params(self) -> dict[str, Any]:
-        return dict(self.attrs.get("params_all") or self.trial.params)
+        return dict(self.attrs.get(TrialAttr.PARAMS_ALL) or self.trial.params)
 
     @property
     def folder(self) -> Path | None:
-        folder = self.attrs.get("folder")
+        folder = self.attrs.get(TrialAttr.FOLDER)
         return Path(folder) if folder else None
 
     def metric(self, name: str) -> float | None:
         """A flat measurement (``m_<name>`` user attr) as a float, None if absent or not finite."""
-        value = self.attrs.get(f"m_{name}")
+        value = self.attrs.get(metric_attr(name))
         try:
             number = float(value)  # type: ignore[arg-type]
         except (TypeError, ValueError):

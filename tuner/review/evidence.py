@@ -13,8 +13,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from tuner.diagnosis import diagnose
-from tuner.review import Choice, Review, TrialView
+from tuner.review.diagnosis import diagnose
+from tuner.review.stored import Choice, Review, TrialView
 
 LATENCIES = ("ttft", "tpot", "itl", "e2e")
 STATS = ("p50", "p90", "p95", "p99", "mean", "max", "n")
@@ -135,7 +135,6 @@ def _trial_ids(view: TrialView | None) -> dict[str, Any] | None:
     return {
         "optuna_study": view.study,
         "number": t.number,
-        "trial_id": t._trial_id,
         "label": view.label,
         "measured_at": t.datetime_complete.isoformat(timespec="seconds")
         if t.datetime_complete

@@ -1,6 +1,6 @@
 """Typed configuration: one dataclass per Hydra config group, registered in the ConfigStore.
 
-The ``workload`` group's classes live in :mod:`tuner.traffic`.
+The ``workload`` group's classes live in :mod:`tuner.config.workload`.
 
 The YAML files under ``conf/`` mirror these classes; the CLI composes them with Hydra and
 converts once with ``OmegaConf.to_object`` (:func:`to_config`). Nothing below the CLI sees a
@@ -14,11 +14,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from tuner.config.workload import WorkloadConfig
 from tuner.errors import ConfigError
-from tuner.noise import RULES
-from tuner.traffic import WorkloadConfig
 
 MISSING_MODEL = "???"
+# How the acceptance rule measures noise: the study's pooled repeats, or each comparison's own.
+NOISE_RULES = ("pooled", "pair")
 
 
 @dataclass
@@ -91,7 +92,7 @@ class TelemetryConfig:
 
 @dataclass
 class PlacementConfig:
-    """Which CPUs the server and the load generator run on (tuner.placement).
+    """Which CPUs the server and the load generator run on (tuner.host.placement).
 
     Each side takes ``auto``, ``all`` (not pinned) or a CPU list such as ``0-6``. ``auto`` keeps
     the client off the engine's cores on a CPU server (the last ``workload.processes`` CPUs for
@@ -178,8 +179,10 @@ class StudyConfig:
             raise ConfigError(
                 f"study.baseline_measurements must be >= 1, got {self.baseline_measurements}"
             )
-        if self.noise not in RULES:
-            raise ConfigError(f"study.noise must be one of {', '.join(RULES)}, got {self.noise!r}")
+        if self.noise not in NOISE_RULES:
+            raise ConfigError(
+                f"study.noise must be one of {', '.join(NOISE_RULES)}, got {self.noise!r}"
+            )
         if self.refine_trials < 0:
             raise ConfigError(f"study.refine_trials must be >= 0, got {self.refine_trials}")
         if "refine" in self.stages:
@@ -310,9 +313,6 @@ class TunerConfig:
         self.quality.validate()
         self.telemetry.validate()
         self.study.validate(sorted(self.search_space))
-        from tuner import placement  # imports this module: a top-level import would be a cycle
-
-        placement.for_trial(self)
 
 
 def param_spec(spec: Any, where: str) -> ParamSpec:

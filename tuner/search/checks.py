@@ -9,7 +9,7 @@ from typing import Any
 
 from tuner.config import ParamSpec
 from tuner.errors import ConfigError
-from tuner.search_space import SpecLike, as_spec, choices_of
+from tuner.search.space import SpecLike, as_spec, choices_of
 
 # vLLM arguments whose product is the number of devices one server occupies.
 DEVICE_MULTIPLIERS = ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size")

@@ -16,18 +16,19 @@ from typing import IO, Any
 
 import yaml
 
-from tuner import search_space, space_checks
 from tuner.config import TunerConfig
 from tuner.errors import ConfigError, PreflightError
-from tuner.evaluation import Evaluator
-from tuner.fingerprint import fingerprint, hardware, public_env
-from tuner.placement import for_trial
+from tuner.host.placement import for_trial
 from tuner.quality import quality_fingerprint
+from tuner.search import checks as space_checks
+from tuner.search import space as search_space
 from tuner.server import LaunchSpec, make_backend
 from tuner.server.vllm_parser import check_argv, vllm_flags, vllm_version
-from tuner.stage import StudyResult
-from tuner.storage import check_url
-from tuner.study import Progress, StudyRunner
+from tuner.study.evaluation import Evaluator
+from tuner.study.fingerprint import fingerprint, hardware, public_env
+from tuner.study.runner import Progress, StudyRunner
+from tuner.study.stages import StudyResult
+from tuner.study.storage import check_url
 from tuner.telemetry import gpu_count, gpu_inventory
 
 
@@ -79,7 +80,7 @@ class Session:
         data["server"]["env"] = public_env(config.server.env)
         data["server"].pop("api_key", None)
         if config.study.storage:
-            from tuner.storage import redact_url
+            from tuner.study.storage import redact_url
 
             data["study"]["storage"] = redact_url(config.study.storage)
         self.runner.paths.config_yaml.write_text(yaml.safe_dump(data, sort_keys=False))

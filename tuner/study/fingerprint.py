@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from tuner.config import TunerConfig
-from tuner.host import CPUINFO, read_cpuinfo
-from tuner.placement import for_trial
+from tuner.host.cpu import CPUINFO, read_cpuinfo
+from tuner.host.placement import for_trial
 
 # Never part of a fingerprint or of anything stored: secrets.
 SECRET_ENV_HINTS = ("TOKEN", "KEY", "SECRET", "PASSWORD")

@@ -1,19 +1,12 @@
 """`tuner run`: baseline, staged multi-objective search, acceptance, resume.
 
-Storage layout (one Optuna storage, several studies, all visible in optuna-dashboard):
-
-- ``baseline:<fingerprint>``  the control, measured once per fingerprint and reused
-- ``<name>:<stage>``          one multi-objective study per parameter group; its first trial is
-                              the incumbent with known values (not re-run); decision in user attrs
-- ``<name>:confirm``          interleaved re-measurements of stage winners and incumbents
-
-Everything is derived from the storage on start, so an interrupted run continues where it
-stopped and never re-runs a completed trial.
+The storage layout (a baseline study per fingerprint, a study per stage, one for the
+confirmations) is named by :mod:`tuner.schema`. Everything is derived from the storage on
+start, so an interrupted run continues where it stopped and never re-runs a completed trial.
 """
 
 from __future__ import annotations
 
-import json
 import shlex
 from collections.abc import Callable
 from pathlib import Path
@@ -22,22 +15,28 @@ from typing import Any
 import optuna
 from optuna.trial import TrialState
 
-from tuner import search_space
-from tuner.acceptance import Decision, resolution_line
 from tuner.config import TunerConfig
-from tuner.confirmation import Confirmation
 from tuner.errors import ConfigError, StudyFailedError, TunerError
-from tuner.evaluation import Evaluated, Evaluator
-from tuner.failure_budget import FailureBudget
-from tuner.fingerprint import digest
 from tuner.paths import StudyPaths
 from tuner.quality import attach_quality, check_config, gate_applies, quality_line
-from tuner.sampler import make_sampler
+from tuner.schema import (
+    Role,
+    StudyAttr,
+    TrialAttr,
+    baseline_study,
+    confirm_label,
+    owns,
+    stage_study,
+)
+from tuner.search import space as search_space
+from tuner.search.samplers import make_sampler
 from tuner.server import LaunchSpec
-from tuner.stage import (
-    ATTR_DECISION,
-    ROLE_BASELINE,
-    ROLE_SEARCH,
+from tuner.study.acceptance import Decision, resolution_line
+from tuner.study.confirmation import Confirmation
+from tuner.study.evaluation import Evaluated, Evaluator
+from tuner.study.failure_budget import FailureBudget
+from tuner.study.fingerprint import digest
+from tuner.study.stages import (
     Incumbent,
     Stage,
     StudyResult,
@@ -57,14 +56,7 @@ from tuner.stage import (
     stage_winner,
     tell_reused,
 )
-from tuner.storage import (
-    ATTR_BASELINE_STUDY,
-    ATTR_BASELINE_TRIAL,
-    ATTR_INTERRUPTED,
-    Heartbeat,
-    fail_unfinished_trials,
-    open_storage,
-)
+from tuner.study.storage import Heartbeat, fail_unfinished_trials, open_storage, trial_id
 from tuner.trial import TrialOutcome, run_trial
 
 Progress = Callable[[str], None]
@@ -131,7 +123,7 @@ class StudyRunner:
         return "\n".join(lines)
 
     def _storage_shown(self) -> str:
-        from tuner.storage import redact_url
+        from tuner.study.storage import redact_url
 
         return redact_url(self.storage_url)
 
@@ -168,7 +160,7 @@ class StudyRunner:
     def _check_resumed(self) -> None:
         """Check this study's stored stages before the first launch, not after a baseline."""
         for name in optuna.get_all_study_names(self.storage):
-            if name.startswith(f"{self.config.name}:"):
+            if owns(self.config.name, name):
                 self._check_objectives(optuna.load_study(study_name=name, storage=self.storage))
 
     def _open(self, name: str, stage: Stage | None = None) -> optuna.Study:
@@ -185,7 +177,7 @@ class StudyRunner:
         if not study.metric_names:
             study.set_metric_names(self.evaluator.names)
         self._check_objectives(study)
-        interrupted = fail_unfinished_trials(study, exclusive=self.exclusive)
+        interrupted = fail_unfinished_trials(self.storage, study, exclusive=self.exclusive)
         if interrupted:
             self.say(f"{name}: {interrupted} interrupted trial(s) marked failed; resuming")
         return study
@@ -195,14 +187,14 @@ class StudyRunner:
         """The control, measured ``study.baseline_measurements`` times per fingerprint and way
         of scoring it (a stored value means what its objectives and prices made it)."""
         key = digest({**self.fingerprint, "scoring": self.evaluator.scoring()})
-        study = self._open(f"baseline:{key}")
-        study.set_user_attr("fingerprint", json.loads(json.dumps(self.fingerprint, default=str)))
+        study = self._open(baseline_study(key))
+        study.set_user_attr(StudyAttr.FINGERPRINT, jsonable(self.fingerprint))
         want = self.config.study.baseline_measurements
         done = [] if self.rebaseline else ok_trials(study)[-want:]
         if done:
             numbers = ", ".join(str(t.number) for t in done)
             self.say(f"baseline {key}: reusing trial {numbers} (same fingerprint)")
-            ref = done[-1].user_attrs.get("quality_outputs")
+            ref = done[-1].user_attrs.get(TrialAttr.QUALITY_OUTPUTS)
             self.baseline_quality = Path(ref) if ref else None
         while len(done) < want:
             self.say(f"baseline {key}: measuring vLLM with the fixed args only "
@@ -212,7 +204,7 @@ class StudyRunner:
         baseline = baseline_incumbent(done, self.evaluator.select_index)
         self.confirmation.noise.add(baseline.params, baseline.samples)
         cfg = self.config.study
-        slices = [t.user_attrs.get("window_slices") or [] for t in done]
+        slices = [t.user_attrs.get(TrialAttr.WINDOW_SLICES) or [] for t in done]
         self.say(resolution_line(self.evaluator.select_by, baseline.samples, cfg.repeats,
                                  cfg.min_gain, cfg.pools_noise, cfg.candidate_windows,
                                  slices))  # fmt: skip
@@ -220,7 +212,7 @@ class StudyRunner:
 
     def _measure_baseline(self, study: optuna.Study) -> optuna.trial.FrozenTrial:
         trial = study.ask()
-        result = self._measure(trial, "baseline", {}, ROLE_BASELINE)
+        result = self._measure(trial, Role.BASELINE, {}, Role.BASELINE)
         self._tell(study, trial, result)
         if not result.outcome.ok:
             raise StudyFailedError(
@@ -234,22 +226,22 @@ class StudyRunner:
         self, trial: optuna.Trial, label: str, params: dict[str, Any], role: str
     ) -> Evaluated:
         launch = search_space.to_launch(params, self.all_specs)
-        trial_id = f"{label}-{trial.number}"
+        name = f"{label}-{trial.number}"
         prefix = f"[{label} #{trial.number}]"
         try:
-            with Heartbeat(trial.study, trial._trial_id):
+            with Heartbeat(self.storage, trial_id(self.storage, trial.study, trial.number)):
                 outcome = self.trial_fn(
                     self.config,
                     launch,
-                    self.paths.trial(trial_id),
-                    trial_id,
+                    self.paths.trial(name),
+                    name,
                     progress=lambda msg: self.say(f"{prefix} {msg}"),
                 )
         except (KeyboardInterrupt, TunerError) as exc:
             # Every process is already reaped; record why this trial has no result and let
             # the interrupt or error (e.g. a full disk) end the run (the next `tuner run`
             # re-asks this slot), so the trial does not stay RUNNING in the storage.
-            trial.set_user_attr(ATTR_INTERRUPTED, True)
+            trial.set_user_attr(TrialAttr.INTERRUPTED, True)
             trial.study.tell(trial, state=TrialState.FAIL)
             what = "interrupted" if isinstance(exc, KeyboardInterrupt) else "stopped by an error"
             self.say(f"{prefix} {what}: trial marked failed; run the same command to resume")
@@ -272,9 +264,9 @@ class StudyRunner:
         q = self.config.quality
         if not (q.enabled and outcome.ok):
             return
-        if role == ROLE_BASELINE and outcome.quality.get("outputs"):
+        if role == Role.BASELINE and outcome.quality.get("outputs"):
             self.baseline_quality = Path(outcome.quality["outputs"])
-        stage = next((s for s in self.stages if label in (s.name, f"{s.name}-confirm")), None)
+        stage = next((s for s in self.stages if label in (s.name, confirm_label(s.name))), None)
         gated = stage is not None and gate_applies(q, stage.name, stage.specs)
         outcome.quality = attach_quality(outcome.quality, self.baseline_quality, q, gated)
         outcome.write(self.paths.trial(outcome.trial_id).ensure().result_json)
@@ -304,12 +296,12 @@ class StudyRunner:
 
     # -- stages --------------------------------------------------------------------------
     def _run_stage(self, stage: Stage, incumbent: Incumbent) -> tuple[Incumbent, Decision]:
-        study = self._open(f"{self.config.name}:{stage.name}", stage)
-        if ATTR_BASELINE_STUDY not in study.user_attrs:
-            study.set_user_attr(ATTR_BASELINE_STUDY, self.baseline_ref[0])
-            study.set_user_attr(ATTR_BASELINE_TRIAL, self.baseline_ref[1])
-        if ATTR_DECISION in study.user_attrs:
-            decision = Decision.from_dict(study.user_attrs[ATTR_DECISION])
+        study = self._open(stage_study(self.config.name, stage.name), stage)
+        if StudyAttr.BASELINE_STUDY not in study.user_attrs:
+            study.set_user_attr(StudyAttr.BASELINE_STUDY, self.baseline_ref[0])
+            study.set_user_attr(StudyAttr.BASELINE_TRIAL, self.baseline_ref[1])
+        if StudyAttr.DECISION in study.user_attrs:
+            decision = Decision.from_dict(study.user_attrs[StudyAttr.DECISION])
             self.confirmation.learn(incumbent.params, decision)
             self._done_stages.append(study)
             return self._apply(decision, incumbent, stage), decision
@@ -325,11 +317,11 @@ class StudyRunner:
             if seen is not None:
                 self._reuse(study, trial, seen, stage)
                 continue
-            result = self._measure(trial, stage.name, params, ROLE_SEARCH)
+            result = self._measure(trial, stage.name, params, Role.SEARCH)
             self._tell(study, trial, result)
             self._say_best(study, stage)
         decision = self.confirmation.decide(study, stage, incumbent)
-        study.set_user_attr(ATTR_DECISION, jsonable(decision.to_dict()))
+        study.set_user_attr(StudyAttr.DECISION, jsonable(decision.to_dict()))
         self._done_stages.append(study)
         return self._apply(decision, incumbent, stage), decision
 
@@ -355,7 +347,7 @@ class StudyRunner:
         self, study: optuna.Study, trial: optuna.Trial, seen: optuna.trial.FrozenTrial, stage: Stage
     ) -> None:
         tell_reused(study, trial, seen, stage.name)
-        where = f"{seen.user_attrs.get('stage', stage.name)} trial {seen.number}"
+        where = f"{seen.user_attrs.get(TrialAttr.STAGE, stage.name)} trial {seen.number}"
         self.say(f"stage {stage.name}: trial {trial.number} repeats {where}: measurement reused")
 
     def _seed_incumbent(self, study: optuna.Study, stage: Stage, incumbent: Incumbent) -> None:

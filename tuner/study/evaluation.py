@@ -1,8 +1,9 @@
 """A trial outcome, seen through the study's objectives and constraints.
 
-Bridges :mod:`tuner.trial` (what was measured) and :mod:`tuner.objective` (what is optimised):
-builds the :class:`~tuner.objective.ObjectiveContext` (prices, SLOs, devices used, energy),
-evaluates, and lays the result out as Optuna user attrs that optuna-dashboard shows as they are.
+Bridges :mod:`tuner.trial` (what was measured) and :mod:`tuner.scoring.objective` (what is
+optimised): builds the :class:`~tuner.scoring.objective.ObjectiveContext` (prices, SLOs, devices
+used, energy), evaluates, and lays the result out as Optuna user attrs that optuna-dashboard
+shows as they are.
 """
 
 from __future__ import annotations
@@ -14,14 +15,17 @@ from typing import Any
 
 import optuna
 
-from tuner import objective as obj
-from tuner.acceptance import meets
 from tuner.config import TunerConfig
-from tuner.placement import cpus_text
+from tuner.host.placement import cpus_text
 from tuner.quality import context_excess, quality_attrs
+from tuner.schema import TrialAttr, TrialStatus, metric_attr
+from tuner.scoring import objective as obj
+from tuner.scoring.feasibility import meets
+from tuner.search.checks import devices_needed
 from tuner.server import LaunchSpec
-from tuner.space_checks import devices_needed
 from tuner.trial import TrialOutcome
+
+SIDES = ("server", "client")
 
 FAILED_CONSTRAINT = "server_failed"  # > 0 when the trial produced no measurement at all
 
@@ -44,26 +48,26 @@ class Evaluated:
         o = self.outcome
         m = o.metrics()
         attrs: dict[str, Any] = {
-            "stage": stage,
-            "role": role,
-            "status": o.status,
-            "failure_reason": o.reason,
-            "failure_message": o.message[:500],
-            "vllm_command": shlex.join(o.argv),
-            "launch_env": dict(launch.env),
-            "params_all": {k: _plain(v) for k, v in params.items()},
-            "objective_values": {
+            TrialAttr.STAGE: stage,
+            TrialAttr.ROLE: role,
+            TrialAttr.STATUS: o.status,
+            TrialAttr.FAILURE_REASON: o.reason,
+            TrialAttr.FAILURE_MESSAGE: o.message[:500],
+            TrialAttr.VLLM_COMMAND: shlex.join(o.argv),
+            TrialAttr.LAUNCH_ENV: dict(launch.env),
+            TrialAttr.PARAMS_ALL: {k: _plain(v) for k, v in params.items()},
+            TrialAttr.OBJECTIVE_VALUES: {
                 n: _finite(v) for n, v in zip(self.names, self.values, strict=True)
             },
-            "feasible": self.feasible,
-            "folder": o.folder,
-            "timings": o.timings,
-            "kv_cache_tokens": o.server.get("kv_cache_tokens"),
-            "cpus": {side: cpus_text(o.placement.get(side)) for side in ("server", "client")},
+            TrialAttr.FEASIBLE: self.feasible,
+            TrialAttr.FOLDER: o.folder,
+            TrialAttr.TIMINGS: o.timings,
+            TrialAttr.KV_CACHE_TOKENS: o.server.get("kv_cache_tokens"),
+            TrialAttr.CPUS: {side: cpus_text(o.placement.get(side)) for side in SIDES},
         }
         if m is not None:
-            attrs.update({f"m_{k}": _finite(v) for k, v in m.flat().items()})
-            attrs["window_slices"] = [round(v, 2) for v in m.window_slices]
+            attrs.update({metric_attr(k): _finite(v) for k, v in m.flat().items()})
+            attrs[TrialAttr.WINDOW_SLICES] = [round(v, 2) for v in m.window_slices]
         attrs.update(quality_attrs(o.quality))
         return attrs
 
@@ -138,10 +142,10 @@ class Evaluator:
         """Rebuild a stored evaluation (for resume) from a finished trial."""
         outcome = TrialOutcome(
             trial_id=str(trial.number),
-            status=trial.user_attrs.get("status", "ok"),
-            argv=shlex.split(trial.user_attrs.get("vllm_command", "")),
+            status=trial.user_attrs.get(TrialAttr.STATUS, TrialStatus.OK),
+            argv=shlex.split(trial.user_attrs.get(TrialAttr.VLLM_COMMAND, "")),
             launch={},
-            reason=trial.user_attrs.get("failure_reason", ""),
-            folder=trial.user_attrs.get("folder", ""),
+            reason=trial.user_attrs.get(TrialAttr.FAILURE_REASON, ""),
+            folder=trial.user_attrs.get(TrialAttr.FOLDER, ""),
         )
         return Evaluated(outcome, list(trial.values), dict(trial.constraints), self.names)

@@ -11,14 +11,13 @@ import threading
 from typing import Any
 
 import optuna
+from optuna.storages import BaseStorage
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, SQLAlchemyError
 
 from tuner.errors import ConfigError, StorageError
+from tuner.schema import TrialAttr
 
-ATTR_INTERRUPTED = "interrupted"
-# On every stage study: the baseline study and trial its incumbent chain started from.
-ATTR_BASELINE_STUDY, ATTR_BASELINE_TRIAL = "baseline_study", "baseline_trial"
 # A running trial records a heartbeat; one silent for GRACE_S belongs to a dead worker.
 HEARTBEAT_S = 20
 GRACE_S = 90
@@ -59,52 +58,62 @@ def open_storage(url: str) -> optuna.storages.RDBStorage:
         ) from exc
 
 
-def fail_unfinished_trials(study: optuna.Study, exclusive: bool) -> int:
-    """Mark trials left RUNNING by an interrupted or crashed run as FAIL (interrupted).
+def study_id(storage: BaseStorage, study: optuna.Study) -> int:
+    """The storage's id of ``study`` (optuna-dashboard's URLs use it)."""
+    return storage.get_study_id_from_name(study.study_name)
+
+
+def trial_id(storage: BaseStorage, study: optuna.Study, number: int) -> int:
+    """The storage's id of trial ``number`` of ``study`` (heartbeats and attrs are keyed by it)."""
+    return storage.get_trial_id_from_study_id_trial_number(study_id(storage, study), number)
+
+
+def fail_unfinished_trials(
+    storage: optuna.storages.RDBStorage, study: optuna.Study, exclusive: bool
+) -> int:
+    """Mark trials left RUNNING by an interrupted or crashed run as FAIL.
 
     ``exclusive``: this process holds the study's run lock on a local database, so every
-    RUNNING trial belongs to a run that is gone. Otherwise (a shared server such as PostgreSQL,
-    maybe other workers) only trials whose heartbeat went silent for GRACE_S are failed.
+    RUNNING trial belongs to a run that is gone; each is marked ``interrupted`` and failed.
+    Otherwise (a shared server such as PostgreSQL, maybe other workers) only trials whose
+    heartbeat went silent for the storage's grace period are failed, by Optuna's own
+    :func:`optuna.storages.fail_stale_trials`.
     """
     running = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,))
-    storage = study._storage
-    stale = set(running_ids := [t._trial_id for t in running])
-    rdb = _rdb(storage)
-    if not exclusive and rdb is not None:
-        stale = set(rdb._get_stale_trial_ids(study._study_id)) & set(running_ids)
-    for trial_id in stale:
-        storage.set_trial_user_attr(trial_id, ATTR_INTERRUPTED, True)
-        storage.set_trial_state_values(trial_id, optuna.trial.TrialState.FAIL)
-    return len(stale)
-
-
-def _rdb(storage: object) -> optuna.storages.RDBStorage | None:
-    """The RDB storage behind Optuna's cache wrapper, if any."""
-    inner = getattr(storage, "_backend", storage)
-    return inner if isinstance(inner, optuna.storages.RDBStorage) else None
+    if not exclusive:
+        optuna.storages.fail_stale_trials(study)
+        still = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,))
+        return len(running) - len(still)
+    for trial in running:
+        tid = trial_id(storage, study, trial.number)
+        storage.set_trial_user_attr(tid, TrialAttr.INTERRUPTED, True)
+        storage.set_trial_state_values(tid, optuna.trial.TrialState.FAIL)
+    return len(running)
 
 
 class Heartbeat:
-    """Records a trial's heartbeat every HEARTBEAT_S while a (long) trial runs."""
+    """Records a trial's heartbeat every HEARTBEAT_S while a (long) trial runs.
 
-    def __init__(self, study: optuna.Study, trial_id: int) -> None:
-        self._storage = _rdb(study._storage)
-        self._trial_id = trial_id
+    Optuna beats only inside ``Study.optimize``; a study driven by ask and tell (as this one is,
+    to tell reused measurements and confirmations apart) beats for itself, so that another
+    worker can tell a live trial from one whose process died.
+    """
+
+    def __init__(self, storage: optuna.storages.RDBStorage, trial_id: int) -> None:
+        self._storage = storage
+        self._id = trial_id
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._beat, name="trial-heartbeat", daemon=True)
 
     def _beat(self) -> None:
-        storage = self._storage
-        assert storage is not None
         while True:
             with contextlib.suppress(SQLAlchemyError):  # a database blip must not kill a trial
-                storage.record_heartbeat(self._trial_id)
+                self._storage.record_heartbeat(self._id)
             if self._stop.wait(HEARTBEAT_S):
                 return
 
     def __enter__(self) -> Heartbeat:
-        if self._storage is not None:
-            self._thread.start()
+        self._thread.start()
         return self
 
     def __exit__(self, *exc: object) -> None:

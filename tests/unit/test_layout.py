@@ -1,0 +1,176 @@
+"""The house rules of the code, checked on the source: one-way imports, one owner per layout.
+
+- tuner's packages import only what stands below them in the data flow (LAYERS), and no two
+  modules import each other, directly or round a circle, lazily or only for type checking;
+- modules inside tuner never import the public facade (``tuner/__init__.py``): it is for
+  objectives/, benchmarks/ and users, and importing it from inside would tie every module to all;
+- objectives/ and benchmarks/ import only that facade, and nothing edits ``sys.path``;
+- only public Optuna APIs are used.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGE = ROOT / "tuner"
+
+# Top first. A unit may import units of its own row or below; same-row imports are allowed but
+# the circle check below still forbids two of them importing each other.
+LAYERS: tuple[tuple[str, ...], ...] = (
+    ("cli",),
+    ("export",),
+    ("review",),
+    ("study",),
+    ("executor",),
+    ("plan",),
+    ("trial",),
+    ("server", "loadgen", "telemetry", "quality"),
+    ("scoring",),
+    ("measure", "search", "host"),
+    ("records", "launch", "paths", "redact", "schema"),
+    ("config",),
+    ("errors",),
+)
+RANK = {unit: len(LAYERS) - i for i, row in enumerate(LAYERS) for unit in row}
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def tuner_modules() -> dict[str, Path]:
+    return {module_name(p): p for p in PACKAGE.rglob("*.py")}
+
+
+def imports_of(path: Path, package: str) -> Iterator[tuple[str, int]]:
+    """Every module name imported anywhere in the file (functions and TYPE_CHECKING too).
+
+    ``from a.b import c`` yields ``a.b.c`` when that is a module of tuner, else ``a.b``.
+    """
+    modules = tuner_modules()
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield alias.name, node.lineno
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*anchor, base] if base else anchor)
+            for alias in node.names:  # `from tuner.review import plots` names a module
+                sub = f"{base}.{alias.name}"
+                yield (sub if sub in modules else base), node.lineno
+
+
+def internal_edges() -> dict[str, set[str]]:
+    modules = tuner_modules()
+    edges: dict[str, set[str]] = {m: set() for m in modules}
+    for name, path in modules.items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        for target, _ in imports_of(path, package):
+            if target in modules and target != name and target != "tuner":
+                edges[name].add(target)
+    return edges
+
+
+def unit(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else ""
+
+
+def test_every_unit_has_a_layer() -> None:
+    units = {unit(m) for m in tuner_modules()} - {""}
+    assert units <= set(RANK), f"add {sorted(units - set(RANK))} to LAYERS"
+
+
+def test_no_import_runs_upward() -> None:
+    upward = [
+        f"{src} -> {dst}"
+        for src, targets in internal_edges().items()
+        for dst in targets
+        if unit(src) and unit(dst) and RANK[unit(dst)] > RANK[unit(src)]
+    ]
+    assert not upward, "imports that run up the data flow:\n" + "\n".join(sorted(upward))
+
+
+def test_no_import_cycle() -> None:
+    edges = internal_edges()
+    cycles: list[list[str]] = []
+    state: dict[str, int] = {}  # 1 = on the stack, 2 = done
+
+    def visit(node: str, stack: list[str]) -> None:
+        state[node] = 1
+        for nxt in sorted(edges[node]):
+            if state.get(nxt) == 1:
+                cycles.append([*stack[stack.index(nxt) :], nxt])
+            elif nxt not in state:
+                visit(nxt, [*stack, nxt])
+        state[node] = 2
+
+    for node in sorted(edges):
+        if node not in state:
+            visit(node, [node])
+    assert not cycles, "import cycles:\n" + "\n".join(" -> ".join(c) for c in cycles)
+
+
+def test_inside_modules_do_not_import_the_facade() -> None:
+    bad = [
+        f"{path.relative_to(ROOT)}:{line}"
+        for name, path in tuner_modules().items()
+        if name != "tuner"
+        for target, line in imports_of(path, name)
+        if target == "tuner"
+    ]
+    assert not bad, "import from tuner's submodules, not the facade, at: " + ", ".join(bad)
+
+
+@pytest.mark.parametrize("folder", ["objectives", "benchmarks"])
+def test_outside_code_imports_only_the_public_api(folder: str) -> None:
+    bad = []
+    for path in sorted((ROOT / folder).rglob("*.py")):
+        for target, line in imports_of(path, folder):
+            if target.startswith("tuner.") and not _is_facade_member(target):
+                bad.append(f"{path.relative_to(ROOT)}:{line} imports {target}")
+        if "sys.path" in path.read_text(encoding="utf-8"):
+            bad.append(f"{path.relative_to(ROOT)} edits sys.path")
+    assert not bad, "\n".join(bad)
+
+
+def _is_facade_member(target: str) -> bool:
+    """``from tuner import X`` yields ``tuner.X``: fine when X is in the facade's __all__."""
+    import tuner
+
+    name = target.removeprefix("tuner.")
+    return "." not in name and name in tuner.__all__
+
+
+def test_the_facade_exports_what_it_lists() -> None:
+    import tuner
+
+    missing = [name for name in tuner.__all__ if getattr(tuner, name, None) is None]
+    assert not missing, f"tuner.__all__ lists names it cannot give: {missing}"
+
+
+PRIVATE_OPTUNA = re.compile(r"\._trial_id\b|\._study_id\b|\._get_\w+|\b(?:study|trial)\._storage\b")
+
+
+def test_only_public_optuna_apis() -> None:
+    bad = []
+    for folder in ("tuner", "objectives", "benchmarks", "tests"):
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            if path == Path(__file__):
+                continue
+            for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+                if PRIVATE_OPTUNA.search(line):
+                    bad.append(f"{path.relative_to(ROOT)}:{number}: {line.strip()}")
+    assert not bad, "private Optuna attributes:\n" + "\n".join(bad)

@@ -1,0 +1,1 @@
+"""Reading a stored study back: trial views, diagnosis, evidence, report, plots, dashboard."""

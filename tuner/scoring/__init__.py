@@ -1,0 +1,1 @@
+"""What a study optimises: the Objective and Constraint seam and feasibility of constraints."""

@@ -1,0 +1,1 @@
+"""What a study searches: parameter specs as Optuna distributions, their checks, samplers."""
