@@ -20,6 +20,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from tuner.config import TunerConfig
+from tuner.console import RunDisplay, stamp
 from tuner.errors import ConfigError, TunerError
 from tuner.host.placement import for_trial
 
@@ -101,7 +102,7 @@ def _quiet_libraries() -> None:
 
 
 def _say(message: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+    print(stamp(message), file=sys.stderr, flush=True)
 
 
 def cmd_trial(args: argparse.Namespace) -> int:
@@ -173,16 +174,17 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     config = compose(args.overrides, args.config_dir)
     _quiet_libraries()
-    session = open_session(config, rebaseline=args.rebaseline, progress=_say)
-    if args.dry_run:
-        print(session.runner.plan_text(session.baseline_argv))
-        return 0
-    try:
-        session.preflight()
-        session.save_config(config)
-        result = session.runner.run()
-    finally:
-        session.close()
+    with RunDisplay() as display:
+        session = open_session(config, args.rebaseline, display.say, display.launches)
+        if args.dry_run:
+            print(session.runner.plan_text(session.baseline_argv))
+            return 0
+        try:
+            session.preflight()
+            session.save_config(config)
+            result = session.runner.run()
+        finally:
+            session.close()
     print(session.summary_text(result))
     from tuner.review.dashboard import refresh_notes
 

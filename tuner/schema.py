@@ -101,7 +101,10 @@ class TrialAttr:
     QUALITY_ERRORS: Final = "quality_errors"
     QUALITY_DROPS: Final = "quality_drops"
     QUALITY_NOTE: Final = "quality_note"
-    QUALITY_OUTPUTS: Final = "quality_outputs"  # the baseline's reference outputs, as a record
+    QUALITY_OUTPUTS: Final = "quality_outputs"  # the trial's own outputs file (for a reader)
+    # A baseline trial's quality outputs themselves: the gate's reference travels with the
+    # storage, so a study resumed on another host or after studies/ is cleaned still has it.
+    QUALITY_REFERENCE: Final = "quality_reference"
 
 
 class StudyAttr:

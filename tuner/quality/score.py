@@ -213,11 +213,14 @@ def quality_fingerprint(qcfg: QualityConfig) -> dict[str, Any] | None:
 
 def attach_quality(
     trial_quality: Mapping[str, Any],
-    baseline_outputs: Path | None,
+    baseline: QualityOutputs | None,
     qcfg: QualityConfig,
     applies: bool,
 ) -> dict[str, Any]:
     """A trial's quality summary (``QualityOutputs.summary()``) + scores, drops and margins.
+
+    ``baseline`` is the baseline's reference outputs, as the study storage keeps them (a
+    resumed study, or one on another host, has them without the baseline's trial folder).
 
     ``excess`` (drop - tolerance, per gated metric) is what the ``quality_vs_baseline``
     constraint reads; it is empty when there is nothing to compare (no outputs, no baseline),
@@ -225,18 +228,17 @@ def attach_quality(
     """
     result: dict[str, Any] = {**trial_quality, "applies": applies, "drops": {}, "excess": {}}
     result["tolerances"] = {m: qcfg.tolerance_for(m) for m in qcfg.metrics}
-    result["baseline_outputs"] = str(baseline_outputs or "")
+    result["baseline_items"] = len(baseline.rows) if baseline else 0
     try:
         items = load_items(qcfg.prompts)
         cand = QualityOutputs.read(Path(trial_quality["outputs"]))
-        base = QualityOutputs.read(baseline_outputs) if baseline_outputs else None
     except (KeyError, TypeError):
         result["note"] = "this trial ran no quality set"
         return result
     except (ArtifactError, ConfigError) as exc:
         result["note"] = exc.one_line()
         return result
-    return _scored(result, cand, base, items, qcfg)
+    return _scored(result, cand, baseline, items, qcfg)
 
 
 def _scored(

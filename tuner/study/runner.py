@@ -8,6 +8,7 @@ start, so an interrupted run continues where it stopped and never re-runs a comp
 from __future__ import annotations
 
 import shlex
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -18,7 +19,13 @@ from optuna.trial import TrialState
 from tuner.config import TunerConfig
 from tuner.errors import ConfigError, StudyFailedError, TunerError
 from tuner.paths import StudyPaths
-from tuner.quality import attach_quality, check_config, gate_applies, quality_line
+from tuner.quality import (
+    QualityOutputs,
+    attach_quality,
+    check_config,
+    gate_applies,
+    quality_line,
+)
 from tuner.schema import (
     Role,
     StudyAttr,
@@ -32,6 +39,7 @@ from tuner.search import space as search_space
 from tuner.search.samplers import make_sampler
 from tuner.server import LaunchSpec
 from tuner.study.acceptance import Decision, resolution_line
+from tuner.study.budget import BudgetHook, LaunchBudget, planned_launches
 from tuner.study.confirmation import Confirmation
 from tuner.study.evaluation import Evaluated, Evaluator
 from tuner.study.failure_budget import FailureBudget
@@ -77,6 +85,7 @@ class StudyRunner:
         progress: Progress,
         rebaseline: bool = False,
         trial_fn: TrialFn = run_trial,
+        on_launch: BudgetHook | None = None,
     ) -> None:
         self.config = config
         self.trial_fn = trial_fn
@@ -88,8 +97,13 @@ class StudyRunner:
         self.stages = plan_stages(config)
         self.all_specs = {p: s for st in self.stages for p, s in st.specs.items()}
         self.budget = FailureBudget(config.study)
+        first = config.study.baseline_measurements
+        self.launches = LaunchBudget(planned_launches(config.study, self._stage_trials(0), first))
+        # Without a display of its own, the budget is a plain progress line after each launch.
+        self.on_launch: BudgetHook = on_launch or (lambda b: self.say(b.line()))
         check_config(config.quality)  # a bad quality set stops the study before any launch
-        self.baseline_quality: Path | None = None  # the reference outputs of the quality gate
+        # The quality gate's reference: the baseline's outputs, kept in the storage with it
+        self.baseline_quality: QualityOutputs | None = None
         self.baseline_ref: tuple[str, int] = ("", -1)  # (study, trial) of the baseline used
         self._done_stages: list[optuna.Study] = []  # finished stages: their measurements reused
         self.confirmation = Confirmation(
@@ -194,8 +208,9 @@ class StudyRunner:
         if done:
             numbers = ", ".join(str(t.number) for t in done)
             self.say(f"baseline {key}: reusing trial {numbers} (same fingerprint)")
-            ref = done[-1].user_attrs.get(TrialAttr.QUALITY_OUTPUTS)
-            self.baseline_quality = Path(ref) if ref else None
+            self.baseline_quality = _stored_reference(done[-1])
+        self.launches.replan(planned_launches(self.config.study, self._stage_trials(0),
+                                              want - len(done)))  # fmt: skip
         while len(done) < want:
             self.say(f"baseline {key}: measuring vLLM with the fixed args only "
                      f"({len(done) + 1}/{want})")  # fmt: skip
@@ -229,6 +244,7 @@ class StudyRunner:
         name = f"{label}-{trial.number}"
         prefix = f"[{label} #{trial.number}]"
         try:
+            started = time.monotonic()
             with Heartbeat(self.storage, trial_id(self.storage, trial.study, trial.number)):
                 outcome = self.trial_fn(
                     self.config,
@@ -246,6 +262,8 @@ class StudyRunner:
             what = "interrupted" if isinstance(exc, KeyboardInterrupt) else "stopped by an error"
             self.say(f"{prefix} {what}: trial marked failed; run the same command to resume")
             raise
+        self.launches.finished(time.monotonic() - started)
+        self.on_launch(self.launches)
         self._attach_quality(outcome, label, role, prefix)
         result = self.evaluator.evaluate(outcome, params)
         self._record(trial, result, params, label, role, launch)
@@ -265,7 +283,7 @@ class StudyRunner:
         if not (q.enabled and outcome.ok):
             return
         if role == Role.BASELINE and outcome.quality.get("outputs"):
-            self.baseline_quality = Path(outcome.quality["outputs"])
+            self.baseline_quality = QualityOutputs.read(Path(outcome.quality["outputs"]))
         stage = next((s for s in self.stages if label in (s.name, confirm_label(s.name))), None)
         gated = stage is not None and gate_applies(q, stage.name, stage.specs)
         outcome.quality = attach_quality(outcome.quality, self.baseline_quality, q, gated)
@@ -283,6 +301,8 @@ class StudyRunner:
     ) -> None:
         for key, value in result.user_attrs(stage, role, params, launch).items():
             trial.set_user_attr(key, value)
+        if role == Role.BASELINE and self.baseline_quality is not None:
+            trial.set_user_attr(TrialAttr.QUALITY_REFERENCE, self.baseline_quality.to_records())
         for key, value in result.constraints.items():
             trial.set_constraint(key, value)
 
@@ -295,7 +315,12 @@ class StudyRunner:
         self.budget.count(result.outcome.ok, result.outcome.reason)
 
     # -- stages --------------------------------------------------------------------------
+    def _stage_trials(self, first: int) -> list[int]:
+        return [s.trials for s in self.stages[first:]]
+
     def _run_stage(self, stage: Stage, incumbent: Incumbent) -> tuple[Incumbent, Decision]:
+        rest = self._stage_trials(self.stages.index(stage))
+        self.launches.replan(planned_launches(self.config.study, rest, 0))
         study = self._open(stage_study(self.config.name, stage.name), stage)
         if StudyAttr.BASELINE_STUDY not in study.user_attrs:
             study.set_user_attr(StudyAttr.BASELINE_STUDY, self.baseline_ref[0])
@@ -373,3 +398,13 @@ class StudyRunner:
 
     def _apply(self, decision: Decision, incumbent: Incumbent, stage: Stage) -> Incumbent:
         return after_decision(incumbent, decision, self.evaluator.select_index, stage.name)
+
+
+def _stored_reference(trial: optuna.trial.FrozenTrial) -> QualityOutputs | None:
+    """A stored baseline's quality reference; a baseline stored before the reference moved into
+    the storage still has its outputs file, when its folder is there."""
+    records = trial.user_attrs.get(TrialAttr.QUALITY_REFERENCE)
+    if records:
+        return QualityOutputs.from_records(records)
+    path = trial.user_attrs.get(TrialAttr.QUALITY_OUTPUTS)
+    return QualityOutputs.read(Path(path)) if path and Path(path).is_file() else None

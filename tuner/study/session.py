@@ -24,6 +24,7 @@ from tuner.search import checks as space_checks
 from tuner.search import space as search_space
 from tuner.server import LaunchSpec, make_backend
 from tuner.server.vllm_parser import check_argv, vllm_flags, vllm_version
+from tuner.study.budget import BudgetHook
 from tuner.study.evaluation import Evaluator
 from tuner.study.fingerprint import fingerprint, hardware, public_env
 from tuner.study.runner import Progress, StudyRunner
@@ -151,7 +152,12 @@ def _flag_part(argv: list[str], config: TunerConfig) -> list[str]:
     return argv[len(config.server.launcher) :]
 
 
-def open_session(config: TunerConfig, rebaseline: bool, progress: Progress) -> Session:
+def open_session(
+    config: TunerConfig,
+    rebaseline: bool,
+    progress: Progress,
+    on_launch: BudgetHook | None = None,
+) -> Session:
     """Everything a run or a dry run needs; cheap checks (search space, devices) happen here."""
     device_count = gpu_count() if config.server.device == "cuda" else (os.cpu_count() or 1)
     search_space.validate_space(config.search_space)
@@ -166,7 +172,7 @@ def open_session(config: TunerConfig, rebaseline: bool, progress: Progress) -> S
         config, vllm_version(python), hardware(config.server.device, gpus)
     )
     fp["quality"] = quality_fingerprint(config.quality)  # the gate's reference outputs
-    runner = StudyRunner(config, evaluator, fp, progress, rebaseline=rebaseline)
+    runner = StudyRunner(config, evaluator, fp, progress, rebaseline, on_launch=on_launch)
     check_url(runner.storage_url)
     backend = make_backend(config.server, LaunchSpec(), Path(os.devnull))
     backend.preflight()  # model folder, port: milliseconds, so even --dry-run checks them
