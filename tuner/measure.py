@@ -1,6 +1,6 @@
 """Raw per-request records -> :class:`Measurements` (latency percentiles, throughput, goodput).
 
-Definitions follow vLLM's ``vllm bench serve`` (shared/notes/load-testing.md) so our numbers are
+Definitions follow vLLM's ``vllm bench serve`` so our numbers are
 comparable with it:
 
 - TTFT, E2E: per completed request, as the client measured them.

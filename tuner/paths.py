@@ -1,4 +1,4 @@
-"""The only owner of the on-disk layout of a study (DESIGN.md §7).
+"""The only owner of the on-disk layout of a study.
 
 ::
 

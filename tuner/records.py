@@ -3,7 +3,7 @@
 One JSON object per line (``requests.jsonl`` in the trial folder). Instants are wall-clock
 seconds (``time.time()``) so records from several client processes share one time base;
 durations are measured with a monotonic clock inside the client. Definitions follow vLLM's
-``vllm bench serve`` (shared/notes/load-testing.md):
+``vllm bench serve``, so the numbers compare with it:
 
 - ``ttft_s``: send -> first SSE event that carries generated text
 - ``e2e_s``: send -> last token-bearing event (not the usage chunk, not ``[DONE]``)

@@ -71,7 +71,7 @@ def test_trial_cli_default_workload_percentiles_equal_numpy(
         assert place["client"] == place["client_read_back"] == allowed[-1:], place
     # The client timed what the server did, or the trial says it did not: its mean TPOT and
     # E2E against vLLM's own histograms over the same window. On CPUs of its own a client read
-    # E2E 1.004 of it (benchmarks/README.md §12), TPOT 0.998-1.012 (§10); sharing 2 cores
+    # E2E 1.004 of it and TPOT 0.998-1.012 (measured in benchmarks/); sharing 2 cores
     # with vLLM on a Zen 5 VM, where vLLM's processes held 1.9 of them, E2E 2.0-3.5 and TPOT
     # 0.69-0.91 in 4 runs of 5: flagged, with the warning.
     ratios = result["telemetry"]["client_over_server"]

@@ -168,7 +168,7 @@ def test_resolution_line_states_the_spread_and_what_to_raise() -> None:
 
 def test_the_advice_follows_where_the_baselines_noise_comes_from() -> None:
     """Launches that differ beyond their windows' own slices are not helped by a longer
-    window; windows whose own slices explain the spread are (benchmarks/README.md §15)."""
+    window; windows whose own slices explain the spread are."""
     samples = _shaped(3000, [-1, 1], 300)
     apart = [[1000, 1010, 990, 1000], [1200, 1190, 1210, 1200], [900, 910, 890, 900]]
     line = resolution_line("output_throughput", samples, 1, 0.03, slices=apart)

@@ -187,7 +187,7 @@ def test_evaluate_and_failed_evaluation() -> None:
     failed = obj.failed_evaluation(selection)
     assert failed.values == [math.inf, -math.inf, math.inf]
     assert not failed.feasible and set(failed.violations) == BUILTIN_CONSTRAINTS
-    assert obj.violations_in_order(failed, ["error_rate"]) == [NO_DATA_VIOLATION]
+    assert failed.violations["error_rate"] == NO_DATA_VIOLATION
     assert not obj.evaluate(selection, EMPTY, ctx).complete
 
 

@@ -197,14 +197,6 @@ def test_grid_enumerates_steps_and_choices() -> None:
         ss.grid(BATCHING)
 
 
-def test_group_of_and_merge() -> None:
-    space = {"batching": BATCHING, "runtime": {"enforce_eager": {"type": "bool"}}}
-    assert ss.group_of(space, "enforce_eager") == "runtime"
-    with pytest.raises(ConfigError, match="in no search_space group"):
-        ss.group_of(space, "nope")
-    assert ss.merge({"a": 1, "b": 2}, {"b": 3}) == {"a": 1, "b": 3}
-
-
 @pytest.mark.parametrize(
     "path", sorted((CONF / "search_space").glob("*.yaml")), ids=lambda p: p.stem
 )

@@ -105,7 +105,7 @@ class PlacementConfig:
 
 @dataclass
 class ParamSpec:
-    """One tunable parameter, as data (DESIGN.md §5).
+    """One tunable parameter, as data: a YAML entry of a ``search_space`` group.
 
     type: int | float | categorical | bool. ``target`` says where the value goes: ``arg`` (a vLLM
     flag named ``name`` or the key) or ``env`` (an environment variable named ``name``), so that
@@ -141,14 +141,14 @@ class StudyConfig:
     repeats: int = 2  # interleaved re-measurements of winner and incumbent per stage
     # The control is measured this many times (once per fingerprint, stored, reused): its mean
     # is what every stage compares against. One lucky window of the baseline would otherwise
-    # hide every candidate that does not beat the luck (benchmarks/README.md §2).
+    # hide every candidate that does not beat the luck.
     baseline_measurements: int = 3
     min_gain: float = 0.02  # relative gain of the selection objective needed to accept
-    noise: str = "pooled"  # pooled (the study's repeats, tuner/noise.py) | pair (each comparison's)
+    noise: str = "pooled"  # pooled (the study's repeats) | pair (each comparison's own)
     # The stage winner's search window is the best of the stage's draws, so it reads high (the
     # winner's curse); false judges the winner on its fresh confirmation windows only (with
     # repeats: 0 the window is all there is, and counts). Counting it proved more real gains in
-    # the replays than it let luck through (benchmarks/README.md §14).
+    # the replays than it let luck through.
     count_search_window: bool = True
     storage: str | None = None  # SQLAlchemy URL; None = SQLite in studies/<name>/optuna.db
     max_failure_rate: float = 0.6

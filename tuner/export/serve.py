@@ -1,6 +1,6 @@
 """`tuner export`: the chosen configuration as files a deployment uses, each with its evidence.
 
-The :class:`Exporter` seam (DESIGN.md §4): ``render(spec, evidence) -> {filename: text}``,
+The :class:`Exporter` seam: ``render(spec, evidence) -> {filename: text}``,
 registered by format name in :data:`EXPORTERS`:
 
 - ``cli``    ``vllm-serve.sh``: the server command the study measured (host/port for serving)

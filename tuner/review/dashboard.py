@@ -30,7 +30,6 @@ from tuner.review.stored import Review, study_redactor
 from tuner.study.storage import study_id
 
 HOST = "127.0.0.1"
-DEFAULT_PORT = 8080
 READY_TIMEOUT_S = 60.0
 ENV_STORAGE, ENV_ARTIFACTS = "TUNER_DASHBOARD_STORAGE", "TUNER_DASHBOARD_ARTIFACTS"
 # optuna-dashboard's own server, with the file-system artifact store of the study folder.

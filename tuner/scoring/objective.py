@@ -32,7 +32,7 @@ import math
 import os
 import pkgutil
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar, Literal, TypeVar
@@ -284,11 +284,6 @@ def failed_evaluation(selection: Selection) -> Evaluation:
     """
     values = [o.worst() for o in selection.objectives]
     return Evaluation(values, {c.name: NO_DATA_VIOLATION for c in selection.constraints})
-
-
-def violations_in_order(evaluation: Evaluation, names: Sequence[str]) -> list[float]:
-    """Violations as the sequence a ``constraints_func`` returns (same order every trial)."""
-    return [evaluation.violations[n] for n in names]
 
 
 def _no_nan(value: float) -> float:

@@ -1,4 +1,4 @@
-"""Parameter specs (data, DESIGN.md §5) → validated groups, Optuna distributions and launches.
+"""Parameter specs (data, from conf/search_space/) → validated groups, Optuna distributions and launches.
 
 A search space is ``{group: {param: ParamSpec}}``; a group is one stage of a staged study. Each
 spec says its type (a registered :data:`KINDS` entry), its range or choices, and where its value
@@ -330,13 +330,6 @@ def flatten(space: Mapping[str, Mapping[str, SpecLike]]) -> dict[str, ParamSpec]
     return {p: as_spec(s, f"{g}.{p}") for g, specs in space.items() for p, s in specs.items()}
 
 
-def group_of(space: Mapping[str, Mapping[str, SpecLike]], param: str) -> str:
-    for group, specs in space.items():
-        if param in specs:
-            return group
-    raise ConfigError(f"parameter {param!r} is in no search_space group (groups: {list(space)})")
-
-
 def choices_of(spec: SpecLike) -> list[Any] | None:
     """Every value a categorical or bool param can take; None for a range."""
     checked = as_spec(spec, "_")
@@ -386,6 +379,3 @@ def resolve(
     return out
 
 
-def merge(incumbent_params: Mapping[str, Any], stage_params: Mapping[str, Any]) -> dict[str, Any]:
-    """The full configuration of a stage trial: the incumbent with this stage's params on top."""
-    return {**incumbent_params, **stage_params}

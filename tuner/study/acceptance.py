@@ -1,7 +1,7 @@
 """The acceptance rule: keep a stage winner only if it beats the incumbent beyond the noise.
 
 Single measurements on shared machines differ by 20-40 % between neighbouring configs
-(shared/notes/vllm-cpu.md), so a stage's best trial is re-measured interleaved with the incumbent
+(measured on this project's machines), so a stage's best trial is re-measured interleaved with the incumbent
 and the decision uses every measurement of both. The rule is deliberately simple to explain:
 
     gain      = mean(candidate) - mean(incumbent)          (sign-adjusted: larger is better)
@@ -16,7 +16,7 @@ and the decision uses every measurement of both. The rule is deliberately simple
 Constraints are judged on the mean over repeats, not repeat by repeat: a P99 over a 10-20 s
 window rests on its two or three slowest requests, so a configuration whose true P99 sits 10 %
 under the SLO can miss it in any single window (the AVX2 landscape's P99 spread between repeats
-is up to 45 %, benchmarks/README.md). Demanding every repeat would reject such a configuration
+is up to 45 %). Demanding every repeat would reject such a configuration
 more often the more carefully it was measured. A failed repeat still disqualifies: its violation
 is a 1e6 sentinel (tuner.scoring.objective.NO_DATA_VIOLATION) that no mean absorbs.
 """
@@ -201,7 +201,7 @@ def resolution_line(
 
 def noise_advice(split: NoiseSplit | None) -> str:
     """Which setting narrows the noise: a longer window averages a window's own noise away,
-    only more launches average away what differs between launches (benchmarks/README.md §15)."""
+    only more launches average away what differs between launches."""
     more = "study.baseline_measurements or study.repeats"
     if split is None:
         return f"for smaller ones raise workload.window_s, {more}"

@@ -6,8 +6,8 @@ study of :mod:`tuner.schema`, one trial per tagged slot, so a resumed run re-use
 :func:`tuner.study.acceptance.decide` keeps the winner only beyond the noise. The noise is the
 study's own (:class:`tuner.study.noise.NoisePool`): every configuration it measured more than once.
 The winner's search window counts unless ``study.count_search_window`` is false: it was picked
-as the best of the stage's draws, so luck picked it too and it reads high (benchmarks/README.md
-§14 weighs that against the power the extra window gives).
+as the best of the stage's draws, so luck picked it too and it reads high; the replays found
+that counting it proves more real gains than it lets luck through.
 """
 
 from __future__ import annotations

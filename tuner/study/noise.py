@@ -5,18 +5,18 @@ baseline window) give a variance with 2 degrees of freedom: as often far too sma
 so "two standard errors" of it took an equal configuration for a gain in 7-9 % of comparisons
 instead of the ~2.5 % the rule suggests (tests/unit/test_noise.py simulates it). The
 run-to-run noise is a property of the host and the workload, about the same share of the value
-for every configuration (benchmarks/README.md: repeats 5-15 % apart whatever the config), so
+for every configuration (repeats measured 5-15 % apart whatever the config), so
 the ``pooled`` rule estimates it once for the whole study: the variance of log(value) within
 every configuration measured more than once (the baseline's windows, each confirmation's
 incumbent and candidate), and a threshold of Student's t at the pooled degrees of freedom,
 wide while few repeats are known and near two standard errors once many are.
 
 ``pair`` is the earlier rule (each comparison's own variances, two standard errors), kept so
-that a replay can measure the two side by side (benchmarks/README.md §13).
+that a replay can measure the two side by side.
 
 :class:`NoiseSplit` says where the noise comes from: each window's token rate in equal slices
 (``Measurements.window_slices``) against the spread between launches. A longer window averages
-only the first part away; only more launches average the second (benchmarks/README.md §15).
+only the first part away; only more launches average the second.
 """
 
 from __future__ import annotations

@@ -184,7 +184,7 @@ def seed_incumbent(
     Only when every param of the stage has a known value on the incumbent that lies in the
     stage's space (False otherwise): a trial with a partial point leaves Optuna's relative
     samplers (GP, NSGA-II, multivariate TPE) no common search space, and they fall back to
-    random sampling for the whole stage (measured in benchmarks/README.md).
+    random sampling for the whole stage (measured in the replays of benchmarks/).
     """
     if any(t.user_attrs.get(TrialAttr.ROLE) == Role.INCUMBENT for t in study.get_trials()):
         return True

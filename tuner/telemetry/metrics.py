@@ -205,7 +205,7 @@ def client_lag_warning(ratios: Mapping[str, float], limit: float) -> str | None:
     """A warning when tokens reached the client markedly later than vLLM's engine made them.
 
     A healthy client reads TPOT within 1.5 % of the server's and E2E 2-5 % above it (the HTTP
-    and tokenization work its clock adds; benchmarks/README.md §10, §11); TTFT, small and
+    and tokenization work its clock adds, as measured in benchmarks/); TTFT, small and
     offset by that same work, does not judge. When the client or vLLM's API server (HTTP,
     detokenization, streaming: outside the engine's histograms) runs out of CPU, tokens arrive
     late and in bursts: the mean E2E grows and TPOT moves either way, above ``limit`` when
