@@ -1,5 +1,0 @@
-"""Moved: QualityConfig lives in tuner.config."""
-
-from tuner.config import QualityConfig
-
-__all__ = ["QualityConfig"]
