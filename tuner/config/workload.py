@@ -15,7 +15,12 @@ from tuner.errors import ConfigError
 
 @dataclass
 class LengthDist:
-    """A token-length distribution. kind: fixed | uniform | normal | lognormal."""
+    """A token-length distribution. kind: fixed | uniform | normal | lognormal.
+
+    Every kind but ``fixed`` varies: ``uniform`` without ``std`` spans ``[low, high]`` (and its
+    ``mean`` must be their midpoint), with ``std`` it spans mean ± √3·std; ``normal`` and
+    ``lognormal`` need ``std > 0``. Draws are limited to ``[low, high]``.
+    """
 
     kind: str = "fixed"
     mean: float = 128.0
@@ -31,6 +36,26 @@ class LengthDist:
             )
         if self.mean < 1 or self.low < 1 or self.high < self.low or self.std < 0:
             raise ConfigError(f"{where}: need mean >= 1, 1 <= low <= high, std >= 0")
+        if not self.low <= self.mean <= self.high:
+            # the lengths are limited to [low, high], so their mean could never be the asked one
+            raise ConfigError(f"{where}: mean={self.mean:g} is outside [{self.low}, {self.high}]")
+        self._validate_spread(where)
+
+    def _validate_spread(self, where: str) -> None:
+        """Refuse a declared distribution that could never vary, or whose range and mean
+        disagree: either would silently send other lengths than the config names."""
+        if self.kind in ("normal", "lognormal") and self.std == 0:
+            raise ConfigError(
+                f"{where}: kind={self.kind} with std=0 never varies",
+                hint="give std > 0, or use kind: fixed for one length",
+            )
+        midpoint = (self.low + self.high) / 2
+        if self.kind == "uniform" and self.std == 0 and abs(self.mean - midpoint) > 0.5:
+            raise ConfigError(
+                f"{where}: a uniform without std spans [low, high] = [{self.low}, {self.high}], "
+                f"whose mean is {midpoint:g}, not mean={self.mean:g}",
+                hint="set low and high around the mean, or give std (mean ± √3·std)",
+            )
 
 
 @dataclass

@@ -7,8 +7,10 @@ token ids are decoded, re-encoded, and trimmed or extended until the encoding ha
 length. The count is of the prompt text alone (``add_special_tokens=False``); the server adds
 its BOS token or chat template on top, and reports the true count in ``usage.prompt_tokens``.
 
-Length distributions are parametrized by ``mean`` and ``std`` for every kind (uniform spans
-mean ± √3·std; lognormal has that mean and std), then limited to ``[low, high]``.
+Length distributions draw from the range they name, limited to ``[low, high]``: ``uniform``
+without ``std`` is every integer of ``[low, high]`` equally likely, with ``std`` it spans
+mean ± √3·std; ``normal`` and ``lognormal`` have the asked ``mean`` and ``std``; only ``fixed``
+is one length. Each draw comes from the workload's seed, so a plan is the same on every run.
 """
 
 from __future__ import annotations
@@ -60,21 +62,28 @@ def _rng(seed: int, stream: int) -> np.random.Generator:
 # ---------------------------------------------------------------------------- distributions
 def sample_lengths(dist: LengthDist, n: int, rng: np.random.Generator) -> np.ndarray:
     """``n`` integer token lengths drawn from ``dist``, limited to ``[max(1, low), high]``."""
+    dist.validate("length distribution")  # a spread-less normal or uniform is refused, not fixed
     low, high = max(1, dist.low), dist.high
-    if dist.kind == "fixed" or dist.std == 0:
+    if dist.kind == "fixed":
         values = np.full(n, dist.mean)
     elif dist.kind == "uniform":
-        half = math.sqrt(3.0) * dist.std
-        values = rng.uniform(max(low, dist.mean - half), min(high, dist.mean + half), n)
+        values = _uniform(dist, n, rng)
     elif dist.kind == "normal":
         values = rng.normal(dist.mean, dist.std, n)
-    elif dist.kind == "lognormal":
+    else:  # lognormal, the last kind validate() accepts
         # Solve for the underlying normal so the lognormal itself has the asked mean and std.
         sigma2 = math.log1p((dist.std / dist.mean) ** 2)
         values = rng.lognormal(math.log(dist.mean) - sigma2 / 2, math.sqrt(sigma2), n)
-    else:
-        raise ConfigError(f"unknown length distribution kind {dist.kind!r}")
     return np.clip(np.rint(values), low, high).astype(np.int64)
+
+
+def _uniform(dist: LengthDist, n: int, rng: np.random.Generator) -> np.ndarray:
+    """Uniform lengths: over the integers of ``[low, high]`` when no std is given (the range the
+    config names), else over mean ± √3·std (that std) cut to ``[low, high]``."""
+    if dist.std == 0:
+        return rng.integers(max(1, dist.low), dist.high, size=n, endpoint=True)
+    half = math.sqrt(3.0) * dist.std
+    return rng.uniform(max(dist.low, dist.mean - half), min(dist.high, dist.mean + half), n)
 
 
 def pick_classes(classes: Sequence[RequestClass], n: int, rng: np.random.Generator) -> np.ndarray:
@@ -223,18 +232,24 @@ def _planned(rc: RequestClass, text: str, max_tokens: int, n_prompt: int) -> Pla
     return PlannedRequest(rc.name, rc.api, max_tokens, n_prompt, prompt=text)
 
 
-def synthesize_plan(workload: WorkloadConfig, tokenizer: Any, size: int) -> list[PlannedRequest]:
-    """``size`` random-prompt requests, classes by weight, lengths from each class's dists."""
-    seed = workload.seed
-    which = pick_classes(workload.classes, size, _rng(seed, _STREAM_CLASSES))
-    length_rng = _rng(seed, _STREAM_LENGTHS)
+def plan_lengths(workload: WorkloadConfig, size: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Class index, prompt length and output length of each of ``size`` planned requests: the
+    classes by weight, each length drawn from its class's distribution, all from the seed."""
+    which = pick_classes(workload.classes, size, _rng(workload.seed, _STREAM_CLASSES))
+    length_rng = _rng(workload.seed, _STREAM_LENGTHS)
     prompt_len = np.zeros(size, dtype=np.int64)
     output_len = np.zeros(size, dtype=np.int64)
     for k, rc in enumerate(workload.classes):
         mask = which == k
         prompt_len[mask] = sample_lengths(rc.prompt_tokens, int(mask.sum()), length_rng)
         output_len[mask] = sample_lengths(rc.output_tokens, int(mask.sum()), length_rng)
-    synth = PromptSynthesizer(tokenizer, _rng(seed, _STREAM_PROMPTS))
+    return which, prompt_len, output_len
+
+
+def synthesize_plan(workload: WorkloadConfig, tokenizer: Any, size: int) -> list[PlannedRequest]:
+    """``size`` random-prompt requests, classes by weight, lengths from each class's dists."""
+    which, prompt_len, output_len = plan_lengths(workload, size)
+    synth = PromptSynthesizer(tokenizer, _rng(workload.seed, _STREAM_PROMPTS))
     return [
         _planned(workload.classes[k], synth.make(int(p)), int(o), int(p))
         for k, p, o in zip(which.tolist(), prompt_len, output_len, strict=True)
