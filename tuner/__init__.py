@@ -55,7 +55,7 @@ _OWNERS: dict[str, str] = {
     "relative_violation": "tuner.scoring.objective",
     # one trial and what it runs
     "run_trial": "tuner.trial",
-    "TrialOutcome": "tuner.trial",
+    "TrialOutcome": "tuner.outcome",
     "LaunchSpec": "tuner.launch",
     "make_backend": "tuner.server",
     "StudyPaths": "tuner.paths",
@@ -73,6 +73,7 @@ _OWNERS: dict[str, str] = {
     "StudyRunner": "tuner.study.runner",
     "TrialFn": "tuner.study.runner",
     "Evaluator": "tuner.study.evaluation",
+    "Comparison": "tuner.study.acceptance",
     "Decision": "tuner.study.acceptance",
     "decide": "tuner.study.acceptance",
     "NoiseEstimate": "tuner.study.noise",
@@ -88,6 +89,7 @@ __all__ = [
     "NOISE_RULES",
     "NO_DATA_VIOLATION",
     "UNSET_SLO",
+    "Comparison",
     "ConfigError",
     "Constraint",
     "Decision",
@@ -165,6 +167,7 @@ if TYPE_CHECKING:  # the same names, eagerly, for type checkers and IDEs
     from tuner.loadgen import LocustLoadGenerator, Target
     from tuner.loadgen.workload import build_plan
     from tuner.measure import Measurements, MetricStats, measure, token_rate, window_slices
+    from tuner.outcome import TrialOutcome
     from tuner.paths import StudyPaths
     from tuner.records import RequestRecord, read_records
     from tuner.schema import Role, StudyAttr, TrialAttr
@@ -183,9 +186,9 @@ if TYPE_CHECKING:  # the same names, eagerly, for type checkers and IDEs
         stat_or_nan,
     )
     from tuner.server import make_backend
-    from tuner.study.acceptance import Decision, decide
+    from tuner.study.acceptance import Comparison, Decision, decide
     from tuner.study.evaluation import Evaluator
     from tuner.study.noise import NoiseEstimate, NoiseSplit
     from tuner.study.runner import StudyRunner, TrialFn
     from tuner.telemetry.metrics import counter_deltas, histogram_means, over_server, scrape
-    from tuner.trial import TrialOutcome, run_trial
+    from tuner.trial import run_trial

@@ -143,7 +143,7 @@ def _print_plan(config: TunerConfig, argv: list[str]) -> int:
 
 
 def _print_outcome(outcome: object) -> None:
-    from tuner.trial import TrialOutcome
+    from tuner.outcome import TrialOutcome
 
     assert isinstance(outcome, TrialOutcome)
     if not outcome.ok:

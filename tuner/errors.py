@@ -16,7 +16,11 @@ boundary where they happen, so the CLI can print one line and pick the exit code
     ├── TelemetryError       a telemetry source could not be read (recorded, rarely raised)
     │   └── ScrapeError      the server's /metrics could not be fetched or parsed
     ├── StorageError         the study database could not be opened or written
-    └── ArtifactError        a trial artifact could not be written or read
+    ├── ArtifactError        a trial artifact could not be written or read
+    └── StudyFailedError     the study cannot go on (its baseline failed, its failure budget
+                             ran out)
+
+A tool's own errors derive from this tree where it lives (e.g. the dashboard's).
 
 A trial turns ServerError/LoadGenError into a *failed trial outcome*; only errors that make the
 whole run meaningless (config, storage) stop a study.

@@ -5,10 +5,14 @@
     studies/<name>/
       optuna.db               default storage
       config.yaml             the composed config of the run
-      trials/<trial_id>/      server.log, requests.jsonl, locust*, telemetry.csv, result.json
-      report/                 report.html, *.png
+      .run.lock               held by the one `tuner run` of this study
+      trials/<trial_id>/      server.log, requests.jsonl, loadgen/ (Locust's CSV, HTML, log),
+                              telemetry.csv, quality.jsonl, result.json
+      artifacts/              optuna-dashboard's copies of trial files
+      report/                 report.html, *.png, trials.csv, trials.parquet
       export/                 vllm-serve.sh, vllm-config.yaml, docker-run.sh, k8s.yaml,
                               evidence.json
+      dashboard.log           optuna-dashboard's output
 """
 
 from __future__ import annotations
@@ -65,6 +69,14 @@ class StudyPaths:
     @property
     def artifacts_dir(self) -> Path:
         return self.root / "artifacts"
+
+    @property
+    def run_lock(self) -> Path:
+        return self.root / ".run.lock"
+
+    @property
+    def dashboard_log(self) -> Path:
+        return self.root / "dashboard.log"
 
     def trial(self, trial_id: str) -> TrialPaths:
         return TrialPaths(self.trials_dir / safe_name(trial_id))

@@ -63,8 +63,11 @@ class Role(StrEnum):
     """What a trial is in its study."""
 
     BASELINE = "baseline"  # a measurement of the control
-    INCUMBENT = "incumbent"  # the incumbent seeded with known values (no launch)
+    # The configuration to beat: seeded into a stage with known values (no launch), and
+    # re-measured as one side of a confirmation.
+    INCUMBENT = "incumbent"
     SEARCH = "search"  # a sampler's proposal
+    CANDIDATE = "candidate"  # a stage winner, re-measured as the other side of a confirmation
 
 
 class TrialStatus(StrEnum):

@@ -8,83 +8,36 @@ reason and the log tail), never an exception that kills a study. Only an interru
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import signal
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass, field, replace
-from pathlib import Path
-from typing import Any
+from dataclasses import replace
 
 from tuner.config import TunerConfig
-from tuner.errors import ArtifactError, LoadGenError, ServerError
+from tuner.errors import LoadGenError, ServerError
 from tuner.host import placement
 from tuner.loadgen import LoadResult, Target, get_load_generator
 from tuner.loadgen.workload import build_plan
 from tuner.measure import Measurements, measure, span_means
+from tuner.outcome import (
+    REASON_LOADGEN,
+    REASON_NO_COMPLETED,
+    TrialOutcome,
+    TrialPlacement,
+    Window,
+)
 from tuner.paths import TrialPaths
 from tuner.quality import run_quality_set
 from tuner.records import RequestRecord, read_records
+from tuner.schema import TrialStatus
 from tuner.server import LaunchSpec, ServerBackend, ServerInfo, make_backend
 from tuner.server.base import REASON_DIED_DURING_LOAD
-from tuner.telemetry import Telemetry
+from tuner.telemetry import Telemetry, TelemetrySummary
 from tuner.telemetry.metrics import client_lag_warning, over_server
 
-STATUS_OK = "ok"
-STATUS_FAILED = "failed"
-REASON_LOADGEN = "load_generator_failed"
-REASON_NO_COMPLETED = "no_completed_requests"
-
 Progress = Callable[[str], None]
-
-
-@dataclass
-class TrialOutcome:
-    """Everything a trial produced; serialised as result.json and as Optuna user attrs."""
-
-    trial_id: str
-    status: str
-    argv: list[str]
-    launch: dict[str, Any]
-    reason: str = ""
-    message: str = ""
-    log_tail: str = ""
-    server: dict[str, Any] = field(default_factory=dict)
-    measurements: dict[str, Any] = field(default_factory=dict)
-    telemetry: dict[str, Any] = field(default_factory=dict)
-    timings: dict[str, float] = field(default_factory=dict)
-    window: dict[str, float] = field(default_factory=dict)  # wall-clock start/end
-    quality: dict[str, Any] = field(default_factory=dict)  # tuner.quality: summary, then scores
-    # CPUs asked for each side (None = not pinned) and read back from the kernel
-    placement: dict[str, Any] = field(default_factory=dict)
-    folder: str = ""
-
-    @property
-    def ok(self) -> bool:
-        return self.status == STATUS_OK
-
-    def metrics(self) -> Measurements | None:
-        return Measurements.from_dict(self.measurements) if self.measurements else None
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    def write(self, path: Path) -> None:
-        tmp = path.with_suffix(".tmp")
-        try:
-            tmp.write_text(json.dumps(self.to_dict(), indent=2, sort_keys=True), encoding="utf-8")
-            os.replace(tmp, path)  # atomic: a reader never sees half a result
-        except OSError as exc:  # e.g. a full disk: the run cannot keep its results
-            raise ArtifactError(
-                f"cannot write the trial result {path}: {exc.strerror or exc}",
-                hint="free disk space or fix the permissions of studies_dir, then run again",
-            ) from exc
-
-    @classmethod
-    def read(cls, path: Path) -> TrialOutcome:
-        return cls(**json.loads(path.read_text(encoding="utf-8")))
 
 
 class _Clock:
@@ -120,15 +73,15 @@ def run_trial(
     place = placement.for_trial(config, launch.env)
     launch = replace(launch, cpus=list(place.server) if place.server else None)
     server = make_backend(config.server, launch, paths.server_log)
-    outcome = TrialOutcome(trial_id, STATUS_FAILED, server.argv(), asdict(launch))
+    outcome = TrialOutcome(trial_id, TrialStatus.FAILED, server.argv(), launch)
     outcome.folder = str(paths.root)
-    outcome.placement = {"server": place.server, "client": place.client}
+    outcome.placement = TrialPlacement(place.server, place.client)
     try:
         _run_phases(config, server, place, paths, outcome, clock, progress)
     except ServerError as exc:
-        _fail(outcome, exc.reason, exc.one_line(), exc.log_tail)
+        outcome.fail(exc.reason, exc.one_line(), exc.log_tail)
     except LoadGenError as exc:
-        _fail(outcome, REASON_LOADGEN, exc.one_line(), "")
+        outcome.fail(REASON_LOADGEN, exc.one_line())
     finally:
         with clock.phase("teardown"):
             server.stop()
@@ -136,11 +89,6 @@ def run_trial(
         outcome.write(paths.result_json)
     progress(_summary_line(outcome))
     return outcome
-
-
-def _fail(outcome: TrialOutcome, reason: str, message: str, log_tail: str) -> None:
-    outcome.status, outcome.reason = STATUS_FAILED, reason
-    outcome.message, outcome.log_tail = message, log_tail
 
 
 def _run_phases(
@@ -157,12 +105,12 @@ def _run_phases(
     with clock.phase("startup"):
         server.start()
         info = server.wait_ready(time.monotonic() + config.server.startup_timeout_s)
-    outcome.server = asdict(info)
-    outcome.placement["server_read_back"] = placement.tree_cpus(info.pid)
+    outcome.server = info
+    outcome.placement.server_read_back = placement.tree_cpus(info.pid)
     progress(_ready_line(info))
     planner.join()  # done long before a server is ready; a wait here shows as unaccounted
     result, summary, client_cpus = _load(config, server, info, place.client, paths, clock, progress)
-    outcome.placement["client_read_back"] = client_cpus
+    outcome.placement.client_read_back = client_cpus
     if config.quality.enabled:  # after the window: never part of the measurement
         progress("quality set: greedy answers for the quality gate")
         with clock.phase("quality"):
@@ -176,29 +124,29 @@ def _run_phases(
             timeout_s=config.workload.request_timeout_s,
         )  # fmt: skip
         _compare_clocks(m, records, summary, config.telemetry.client_lag_ratio)
-    outcome.measurements = m.to_dict()
-    outcome.window = {"start": result.window_start, "end": result.window_end}
+    outcome.measurements = m
+    outcome.window = Window(result.window_start, result.window_end)
     outcome.telemetry = summary
     if m.completed == 0:  # e.g. every request rejected (401, 400): nothing was measured
         errors = ", ".join(f"{k} {v}" for k, v in m.errors_by_kind.items() if v) or "none sent"
-        _fail(outcome, REASON_NO_COMPLETED, f"no request completed in the window ({errors})", "")
+        outcome.fail(REASON_NO_COMPLETED, f"no request completed in the window ({errors})")
         return
-    outcome.status = STATUS_OK
+    outcome.status = TrialStatus.OK
 
 
 def _compare_clocks(
-    m: Measurements, records: list[RequestRecord], telemetry: dict[str, Any], limit: float
+    m: Measurements, records: list[RequestRecord], telemetry: TelemetrySummary, limit: float
 ) -> None:
     """The client's mean latencies over the server's own (telemetry ``client_over_server``),
     both over the requests in the server's histogram deltas (:func:`span_means`); a lagging
     client is flagged (``client_lagging``) and warned about."""
-    server = telemetry.get("metrics") or {}
+    server = telemetry.metrics
     start, end = server.get("deltas_from"), server.get("deltas_to")
     means = span_means(records, start, end) if start is not None and end is not None else {}
     ratios = over_server(means, server)
     warning = client_lag_warning(ratios, limit)
-    telemetry["client_over_server"] = {k: round(v, 4) for k, v in ratios.items()}
-    telemetry["client_lagging"] = warning is not None
+    telemetry.client_over_server = {k: round(v, 4) for k, v in ratios.items()}
+    telemetry.client_lagging = warning is not None
     if warning:
         m.warnings.append(warning)
 
@@ -211,7 +159,7 @@ def _load(
     paths: TrialPaths,
     clock: _Clock,
     progress: Progress,
-) -> tuple[LoadResult, dict[str, Any], list[int]]:
+) -> tuple[LoadResult, TelemetrySummary, list[int]]:
     """Warm-up + window under telemetry, with a watchdog that stops the load if vLLM dies;
     also returns the CPUs the client's processes were allowed, read back as they appeared."""
     target = _target(config, server, info)
@@ -234,7 +182,7 @@ def _load(
             server.check_alive()  # a dead server explains a broken load run better
             raise
     server.check_alive()
-    summary = telemetry.summary_dict((result.window_start, result.window_end))
+    summary = telemetry.summary((result.window_start, result.window_end))
     telemetry.write_csv(paths.telemetry_csv)
     _link_records(result, paths)
     return result, summary, sorted(seen)
@@ -314,14 +262,15 @@ def _ready_line(info: ServerInfo) -> str:
 def _summary_line(outcome: TrialOutcome) -> str:
     if not outcome.ok:
         return f"trial {outcome.trial_id} FAILED ({outcome.reason}): {outcome.message}"
-    m = outcome.measurements  # ok implies completed requests, so the P99 exists
+    m = outcome.measurements
+    assert m is not None and m.e2e.p99 is not None  # ok implies completed requests
     line = (
-        f"trial {outcome.trial_id} ok: {m['completed']} requests, "
-        f"P99 E2E {m['e2e']['p99']:.3f} s, {m['output_throughput']:.0f} output tok/s"
+        f"trial {outcome.trial_id} ok: {m.completed} requests, "
+        f"P99 E2E {m.e2e.p99:.3f} s, {m.output_throughput:.0f} output tok/s"
     )
     # Shown with the result, not only in result.json: a study's numbers are not the engine's.
-    if (outcome.telemetry or {}).get("client_lagging"):
-        ratios = outcome.telemetry["client_over_server"]
+    if outcome.telemetry.client_lagging:
+        ratios = outcome.telemetry.client_over_server
         line += (
             f"; clock check: E2E {ratios.get('e2e', 0):.2f}x vLLM's own, the latencies "
             "include time outside its engine (result.json warnings)"
@@ -329,4 +278,4 @@ def _summary_line(outcome: TrialOutcome) -> str:
     return line
 
 
-__all__ = ["REASON_DIED_DURING_LOAD", "TrialOutcome", "run_trial"]
+__all__ = ["REASON_DIED_DURING_LOAD", "run_trial"]

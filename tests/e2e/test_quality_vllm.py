@@ -21,6 +21,7 @@ from tuner.measure import measure
 from tuner.quality import (
     QualityConfig,
     QualityOutputs,
+    QualityResult,
     attach_quality,
     context_excess,
     drops,
@@ -52,7 +53,7 @@ def _serve_and_ask(
         ]
 
 
-def _violation(quality: dict[str, object]) -> float:
+def _violation(quality: QualityResult) -> float:
     ctx = ObjectiveContext(quality_excess=context_excess(quality))
     no_traffic = measure([], 0.0, 1.0, SloConfig())  # the gate reads no measurement
     return get_constraint("quality_vs_baseline").violation(no_traffic, ctx)
@@ -84,7 +85,7 @@ def test_float32_changes_bf16_outputs_and_the_gate_sees_it(
     assert gate_applies(QCFG, "quantization", config.search_space.get("quantization", {}))
     for tolerance, feasible in ((worst / 2, False), (worst + 0.01, True)):
         q = QualityConfig(tolerance=tolerance)
-        quality = attach_quality(changed_out.summary(), reference.path, q, applies=True)
+        quality = attach_quality(changed_out.summary(), reference, q, applies=True)
         violation = _violation(quality)
         print(quality_line(quality), f"-> violation {violation:+.3f}")
         assert violation == pytest.approx(worst - tolerance)

@@ -29,7 +29,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("study",),
     ("executor",),
     ("plan",),
-    ("trial",),
+    ("trial", "outcome"),
     ("server", "loadgen", "telemetry", "quality"),
     ("scoring",),
     ("measure", "search", "host"),

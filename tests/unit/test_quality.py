@@ -17,6 +17,7 @@ from tuner.quality import (
     QualityConfig,
     QualityItem,
     QualityOutputs,
+    QualityResult,
     agreement,
     attach_quality,
     context_excess,
@@ -232,8 +233,9 @@ def test_attach_quality_feeds_the_constraint(
 ) -> None:
     base, cand = _files(tmp_path, [1, 2, 3, 4], [1, 2, 3, 0])  # every item: agreement 0.75
     q = QualityConfig(tolerance=tolerance, metrics=["token_agreement"])
-    quality = attach_quality({"outputs": str(cand), "items": 13}, base, q, applies=True)
-    assert quality["drops"] == {"token_agreement": pytest.approx(0.25)}
+    ran = QualityResult(outputs=str(cand), items=13)
+    quality = attach_quality(ran, base, q, applies=True)
+    assert quality.drops == {"token_agreement": pytest.approx(0.25)}
     violation = get_constraint("quality_vs_baseline").violation(
         NO_TRAFFIC, ObjectiveContext(quality_excess=context_excess(quality))
     )
@@ -241,18 +243,21 @@ def test_attach_quality_feeds_the_constraint(
     assert ("OVER" in quality_line(quality)) is not feasible
     attrs = quality_attrs(quality)
     assert attrs["q_token_agreement"] == pytest.approx(0.75) and attrs["quality_gated"]
-    assert attrs["quality_outputs"] == str(cand) and quality_attrs({}) == {}
-    json.dumps(quality)  # JSON-ready for result.json and user attrs
+    assert attrs["quality_outputs"] == str(cand) and quality_attrs(None) == {}
+    # JSON-ready for result.json and user attrs, and read back the same
+    assert QualityResult.from_dict(json.loads(json.dumps(quality.to_dict()))) == quality
 
 
 def test_attach_quality_without_data_is_violated_only_when_gated(tmp_path: Path) -> None:
     base, cand = _files(tmp_path, [1], [1])
     q = QualityConfig()
-    no_base = attach_quality({"outputs": str(cand)}, None, q, applies=True)
-    assert no_base["excess"] == {} and context_excess(no_base) == {}
-    assert "no baseline outputs" in no_base["note"] and "GATE HAS NO DATA" in quality_line(no_base)
-    unreadable = attach_quality({"outputs": str(tmp_path / "gone.jsonl")}, base, q, applies=True)
-    assert "cannot be read" in unreadable["note"] and context_excess(unreadable) == {}
-    assert "ran no quality set" in attach_quality({}, base, q, applies=True)["note"]
-    not_gated = attach_quality({"outputs": str(cand)}, base, q, applies=False)
-    assert context_excess(not_gated) is None and not_gated["drops"]["token_agreement"] == 0.0
+    ran = QualityResult(outputs=str(cand))
+    no_base = attach_quality(ran, None, q, applies=True)
+    assert no_base.excess == {} and context_excess(no_base) == {}
+    assert "no baseline outputs" in no_base.note and "GATE HAS NO DATA" in quality_line(no_base)
+    gone = QualityResult(outputs=str(tmp_path / "gone.jsonl"))
+    unreadable = attach_quality(gone, base, q, applies=True)
+    assert "cannot be read" in unreadable.note and context_excess(unreadable) == {}
+    assert "ran no quality set" in attach_quality(QualityResult(), base, q, applies=True).note
+    not_gated = attach_quality(ran, base, q, applies=False)
+    assert context_excess(not_gated) is None and not_gated.drops["token_agreement"] == 0.0

@@ -102,7 +102,7 @@ def test_outputs_round_trip_and_read_errors(tmp_path: Path) -> None:
     back = QualityOutputs.read(tmp_path / "q.jsonl")
     assert back.rows == outputs.rows and back.errors == 1
     assert back.by_id()["a"].token_ids == [1, 2]
-    assert outputs.summary()["first_error"] == "b: HTTP 400: x"
+    assert outputs.summary().first_error == "b: HTTP 400: x"
     (tmp_path / "bad.jsonl").write_text('{"id": "a"}\n')
     with pytest.raises(ArtifactError, match="cannot be read"):
         QualityOutputs.read(tmp_path / "bad.jsonl")

@@ -21,12 +21,12 @@ from tests.fakes.grid_table import DEFAULTS, GROUPS, PARAMS, load_replay, write_
 from tests.fakes.quality_items import out, run
 from tuner.config import TunerConfig
 from tuner.launch import LaunchSpec
+from tuner.outcome import TrialOutcome
 from tuner.paths import TrialPaths
 from tuner.quality import load_items
 from tuner.schema import Role, TrialAttr, stage_study
 from tuner.study.evaluation import Evaluator
 from tuner.study.runner import StudyRunner
-from tuner.trial import TrialOutcome
 
 GATED = "first"
 

@@ -400,9 +400,10 @@ class SlicedScripted(Scripted):
         self, config: Any, launch: Any, paths: Any, trial_id: str, progress: Any = None
     ) -> Any:
         outcome = super().trial(config, launch, paths, trial_id, progress)
-        tok = outcome.measurements.get("output_throughput") if outcome.ok else None
-        if tok:
-            outcome.measurements["window_slices"] = [tok * 0.99, tok * 1.01] * 2
+        m = outcome.measurements if outcome.ok else None
+        if m is not None and m.output_throughput:
+            tok = m.output_throughput
+            m.window_slices = [tok * 0.99, tok * 1.01] * 2
         return outcome
 
 

@@ -21,6 +21,7 @@ quantization, kv_cache_dtype or dtype) the ``quality_vs_baseline`` constraint
 its tolerance.
 """
 
+from tuner.config import QualityConfig
 from tuner.quality.items import (
     DEFAULT_SET,
     FORMAT_CHECKS,
@@ -31,22 +32,24 @@ from tuner.quality.items import (
     load_items,
     register_format,
 )
+from tuner.quality.result import (
+    GATE_METRICS,
+    QualityResult,
+    QualityScores,
+    context_excess,
+    quality_attrs,
+    quality_line,
+)
 from tuner.quality.runner import OUTPUTS_FILE, QualityOutput, QualityOutputs, run_quality_set
 from tuner.quality.score import (
-    GATE_METRICS,
-    QualityScores,
     agreement,
     attach_quality,
     check_config,
-    context_excess,
     drops,
     gate_applies,
-    quality_attrs,
     quality_fingerprint,
-    quality_line,
     score,
 )
-from tuner.quality.settings import QualityConfig
 
 __all__ = [
     "DEFAULT_SET",
@@ -58,6 +61,7 @@ __all__ = [
     "QualityItem",
     "QualityOutput",
     "QualityOutputs",
+    "QualityResult",
     "QualityScores",
     "agreement",
     "attach_quality",

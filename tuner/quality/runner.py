@@ -20,10 +20,11 @@ from typing import Any
 
 import requests
 
+from tuner.config import QualityConfig
 from tuner.errors import ArtifactError
 from tuner.loadgen.base import Target
 from tuner.quality.items import APIS, QualityItem, load_items
-from tuner.quality.settings import QualityConfig
+from tuner.quality.result import QualityResult
 
 OUTPUTS_FILE = "quality.jsonl"  # in the trial folder
 MAX_TRANSPORT_ERRORS = 2  # consecutive connection failures/timeouts before the rest is skipped
@@ -64,16 +65,16 @@ class QualityOutputs:
     def by_id(self) -> dict[str, QualityOutput]:
         return {r.id: r for r in self.rows}
 
-    def summary(self) -> dict[str, Any]:
-        """What a trial outcome keeps (``TrialOutcome.quality``): small and JSON-ready."""
+    def summary(self) -> QualityResult:
+        """What a trial outcome keeps before scoring: small, with the outputs file's path."""
         first = next((f"{r.id}: {r.error}" for r in self.rows if r.error), "")
-        return {
-            "outputs": str(self.path) if self.path else "",
-            "items": len(self.rows),
-            "errors": self.errors,
-            "first_error": first[:300],
-            "seconds": round(self.seconds, 3),
-        }
+        return QualityResult(
+            outputs=str(self.path) if self.path else "",
+            items=len(self.rows),
+            errors=self.errors,
+            first_error=first[:300],
+            seconds=round(self.seconds, 3),
+        )
 
     def write(self, path: Path) -> None:
         text = "".join(json.dumps(asdict(r), ensure_ascii=False) + "\n" for r in self.rows)

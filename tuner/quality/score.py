@@ -19,67 +19,23 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from tuner.config import ParamSpec
+from tuner.config import ParamSpec, QualityConfig
 from tuner.errors import ArtifactError, ConfigError
 from tuner.quality.items import QualityItem, format_ok, is_correct, load_items
-from tuner.quality.runner import QualityOutput, QualityOutputs
-from tuner.quality.settings import QualityConfig
-from tuner.schema import TrialAttr, quality_attr
-
-AGREEMENT_METRICS = (
-    "exact_match_rate",
-    "prefix_agreement",
-    "token_agreement",
-    "long_input_consistency",
+from tuner.quality.result import (
+    AGREEMENT_METRICS,
+    GATE_METRICS,
+    ItemScore,
+    QualityResult,
+    QualityScores,
 )
-ABSOLUTE_METRICS = ("format_compliance", "accuracy")
-GATE_METRICS = (*AGREEMENT_METRICS, *ABSOLUTE_METRICS)
-
-
-@dataclass
-class ItemScore:
-    """One item: None where a metric does not apply (no baseline, no format, no reference)."""
-
-    id: str
-    ok: bool
-    long: bool
-    exact: bool | None = None
-    prefix_agreement: float | None = None
-    token_agreement: float | None = None
-    format_ok: bool | None = None
-    correct: bool | None = None
-
-
-@dataclass
-class QualityScores:
-    """The metrics of one run (module docstring); None when no item bears on a metric."""
-
-    items: int
-    errors: int
-    compared: int  # items with a usable baseline answer
-    exact_match_rate: float | None = None
-    prefix_agreement: float | None = None
-    token_agreement: float | None = None
-    long_input_consistency: float | None = None
-    format_compliance: float | None = None
-    accuracy: float | None = None
-    per_item: list[ItemScore] = field(default_factory=list)
-
-    def metric(self, name: str) -> float | None:
-        value = getattr(self, name)
-        return None if value is None else float(value)
-
-    def to_dict(self, per_item: bool = False) -> dict[str, Any]:
-        data = asdict(self)
-        if not per_item:
-            data.pop("per_item")
-        return data
+from tuner.quality.runner import QualityOutput, QualityOutputs
 
 
 def agreement(a: Sequence[int] | np.ndarray, b: Sequence[int] | np.ndarray) -> tuple[float, float]:
@@ -212,92 +168,48 @@ def quality_fingerprint(qcfg: QualityConfig) -> dict[str, Any] | None:
 
 
 def attach_quality(
-    trial_quality: Mapping[str, Any],
+    trial_quality: QualityResult,
     baseline: QualityOutputs | None,
     qcfg: QualityConfig,
     applies: bool,
-) -> dict[str, Any]:
-    """A trial's quality summary (``QualityOutputs.summary()``) + scores, drops and margins.
+) -> QualityResult:
+    """A trial's quality run scored against the baseline's: scores, drops and margins.
 
     ``baseline`` is the baseline's reference outputs, as the study storage keeps them (a
     resumed study, or one on another host, has them without the baseline's trial folder).
-
     ``excess`` (drop - tolerance, per gated metric) is what the ``quality_vs_baseline``
     constraint reads; it is empty when there is nothing to compare (no outputs, no baseline),
     which that constraint treats as violated when the gate applies.
     """
-    result: dict[str, Any] = {**trial_quality, "applies": applies, "drops": {}, "excess": {}}
-    result["tolerances"] = {m: qcfg.tolerance_for(m) for m in qcfg.metrics}
-    result["baseline_items"] = len(baseline.rows) if baseline else 0
+    result = replace(
+        trial_quality,
+        applies=applies,
+        drops={},
+        excess={},
+        tolerances={m: qcfg.tolerance_for(m) for m in qcfg.metrics},
+        baseline_items=len(baseline.rows) if baseline else 0,
+    )
+    if not trial_quality.outputs:
+        return replace(result, note="this trial ran no quality set")
     try:
         items = load_items(qcfg.prompts)
-        cand = QualityOutputs.read(Path(trial_quality["outputs"]))
-    except (KeyError, TypeError):
-        result["note"] = "this trial ran no quality set"
-        return result
+        cand = QualityOutputs.read(Path(trial_quality.outputs))
     except (ArtifactError, ConfigError) as exc:
-        result["note"] = exc.one_line()
-        return result
+        return replace(result, note=exc.one_line())
     return _scored(result, cand, baseline, items, qcfg)
 
 
 def _scored(
-    result: dict[str, Any],
+    result: QualityResult,
     cand: QualityOutputs,
     base: QualityOutputs | None,
     items: list[QualityItem],
     qcfg: QualityConfig,
-) -> dict[str, Any]:
+) -> QualityResult:
     scores = score(cand, base, items, qcfg.long_input_tokens)
-    result["scores"] = scores.to_dict()
-    result["per_item"] = [asdict(s) for s in scores.per_item]
     if base is None:
-        result["note"] = "no baseline outputs to compare with"
-        return result
+        return replace(result, scores=scores, note="no baseline outputs to compare with")
     base_self = score(base, base, items, qcfg.long_input_tokens)
     d = drops(scores, base_self, qcfg.metrics)
-    result["baseline_scores"] = base_self.to_dict()
-    result["drops"] = d
-    result["excess"] = {m: v - qcfg.tolerance_for(m) for m, v in d.items()}
-    return result
-
-
-def context_excess(quality: Mapping[str, Any] | None) -> dict[str, float] | None:
-    """``ObjectiveContext.quality_excess`` for a trial: None when the gate does not apply."""
-    if not quality or not quality.get("applies"):
-        return None
-    return {str(k): float(v) for k, v in quality.get("excess", {}).items()}
-
-
-def quality_attrs(quality: Mapping[str, Any] | None) -> dict[str, Any]:
-    """Flat Optuna user attrs (dashboard columns): q_<metric>, drops, whether gated."""
-    if not quality:
-        return {}
-    scores = quality.get("scores") or {}
-    attrs: dict[str, Any] = {
-        TrialAttr.QUALITY_GATED: bool(quality.get("applies")),
-        TrialAttr.QUALITY_ERRORS: quality.get("errors", 0),
-        TrialAttr.QUALITY_DROPS: quality.get("drops", {}),
-        TrialAttr.QUALITY_NOTE: quality.get("note", ""),
-        TrialAttr.QUALITY_OUTPUTS: quality.get("outputs", ""),  # a later study's reference
-    }
-    attrs.update({quality_attr(m): scores[m] for m in GATE_METRICS if scores.get(m) is not None})
-    return attrs
-
-
-def quality_line(quality: Mapping[str, Any] | None) -> str:
-    """One progress/report line: the worst gated drop against its tolerance."""
-    if not quality:
-        return "quality: not measured"
-    scores, excess = quality.get("scores") or {}, quality.get("excess") or {}
-    agree = scores.get("token_agreement")
-    head = f"quality: {quality.get('items', 0)} prompts, {quality.get('errors', 0)} errors"
-    head += f", token agreement {agree:.3f}" if agree is not None else ""
-    if not excess:
-        note = quality.get("note") or "nothing to compare"
-        return f"{head}; {'GATE HAS NO DATA: ' if quality.get('applies') else ''}{note}"
-    worst = max(excess, key=lambda m: excess[m])
-    drop, tol = quality["drops"][worst], quality["tolerances"].get(worst, 0.0)
-    verdict = "within" if excess[worst] <= 0 else "OVER"
-    gated = "gated" if quality.get("applies") else "not gated here"
-    return f"{head}; worst drop {worst} {drop:.3f} {verdict} tolerance {tol:.3f} ({gated})"
+    excess = {m: v - qcfg.tolerance_for(m) for m, v in d.items()}
+    return replace(result, scores=scores, baseline_scores=base_self, drops=d, excess=excess)

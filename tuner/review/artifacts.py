@@ -3,10 +3,10 @@
 - :func:`upload_trial_artifacts`: a trial folder's files (server log, raw requests, Locust's
   HTML/CSV, telemetry, result.json) into the study's artifact store
   (``studies/<name>/artifacts``), attached to the trial, so they download from the dashboard.
-  Text is redacted first. The study runner calls it for every trial *before* ``tell`` (a live
-  ``optuna.Trial``: :func:`optuna.artifacts.upload_artifact`); for a trial that is already
-  finished (reviewing an older study) Optuna no longer accepts trial attrs, so the metadata goes
-  where optuna-dashboard also looks for a trial's artifacts: the study's
+  Text is redacted first. `tuner dashboard` attaches what a study's trials left in their
+  folders. A live ``optuna.Trial`` takes them through :func:`optuna.artifacts.upload_artifact`;
+  a finished trial no longer accepts trial attrs, so for it the metadata goes where
+  optuna-dashboard also looks for a trial's artifacts: the study's
   ``dashboard:artifacts:<trial_id>:<artifact_id>`` attrs.
 - :func:`write_study_note`: the study's markdown note (optuna-dashboard's ``save_note``).
 """

@@ -128,7 +128,7 @@ def serve(review: Review, port: int, say: Callable[[str], None], note: str) -> i
     port = choose_port(port)
     attached = attach_missing_artifacts(review)
     write_notes(review, note)
-    log = review.paths.root / "dashboard.log"
+    log = review.paths.dashboard_log
     proc = start(review, port, log)
     base_url = f"http://{HOST}:{port}"
     try:
@@ -160,7 +160,8 @@ def dashboard_command(name: str, storage: str | None, studies_dir: Path, port: i
 def refresh_notes(name: str, storage: str | None, studies_dir: str | Path) -> None:
     """Rewrite the dashboard note of every study of ``name`` from what the storage holds now.
 
-    For `tuner run` to call after each stage decision and at the end (cheap: no figures).
+    `tuner run` calls it when the study ends (cheap: no figures), so the dashboard opens on
+    the decisions as they stand.
     """
     from tuner.review.render import note_markdown
     from tuner.review.report import build_report

@@ -266,7 +266,7 @@ class Evaluation:
 
     @property
     def complete(self) -> bool:
-        """False when a value is NaN: Optuna would fail the trial instead of completing it."""
+        """False when a value is NaN (the evaluator then tells the objective's worst value)."""
         return not any(math.isnan(v) for v in self.values)
 
 

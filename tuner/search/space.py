@@ -1,4 +1,5 @@
-"""Parameter specs (data, from conf/search_space/) → validated groups, Optuna distributions and launches.
+"""Parameter specs (data, from conf/search_space/) → validated groups, Optuna distributions,
+launches.
 
 A search space is ``{group: {param: ParamSpec}}``; a group is one stage of a staged study. Each
 spec says its type (a registered :data:`KINDS` entry), its range or choices, and where its value

@@ -1,8 +1,8 @@
 """The acceptance rule: keep a stage winner only if it beats the incumbent beyond the noise.
 
-Single measurements on shared machines differ by 20-40 % between neighbouring configs
-(measured on this project's machines), so a stage's best trial is re-measured interleaved with the incumbent
-and the decision uses every measurement of both. The rule is deliberately simple to explain:
+Single measurements on shared machines differ by 20-40 % between neighbouring configs (measured
+on this project's machines), so a stage's best trial is re-measured interleaved with the
+incumbent and the decision uses every measurement of both. The rule is simple to explain:
 
     gain      = mean(candidate) - mean(incumbent)          (sign-adjusted: larger is better)
     noise     = t(0.975, df) * sd * sqrt(1/n_c + 1/n_i) * |mean(incumbent)|

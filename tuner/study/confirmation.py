@@ -20,7 +20,7 @@ import optuna
 from optuna.trial import TrialState
 
 from tuner.config import TunerConfig
-from tuner.schema import TrialAttr, confirm_label, confirm_study
+from tuner.schema import Role, TrialAttr, confirm_label, confirm_study
 from tuner.scoring.feasibility import mean_constraints, meets
 from tuner.study.acceptance import Comparison, Decision, decide
 from tuner.study.evaluation import Evaluated, Evaluator
@@ -103,8 +103,8 @@ class Confirmation:
             cand = Repeats([winner.values[idx]], [dict(winner.constraints)])
         for rnd in range(self.config.study.repeats):
             for role, params, out in (
-                ("incumbent", incumbent.params, inc),
-                ("candidate", cand_params, cand),
+                (Role.INCUMBENT, incumbent.params, inc),
+                (Role.CANDIDATE, cand_params, cand),
             ):
                 result = self._run(confirm, stage.name, rnd, role, params)
                 out.values.append(result.values[idx])

@@ -17,13 +17,13 @@ import optuna
 
 from tuner.config import TunerConfig
 from tuner.host.placement import cpus_text
+from tuner.outcome import TrialOutcome
 from tuner.quality import context_excess, quality_attrs
 from tuner.schema import TrialAttr, TrialStatus, metric_attr
 from tuner.scoring import objective as obj
 from tuner.scoring.feasibility import meets
 from tuner.search.checks import devices_needed
 from tuner.server import LaunchSpec
-from tuner.trial import TrialOutcome
 
 SIDES = ("server", "client")
 
@@ -62,8 +62,8 @@ class Evaluated:
             TrialAttr.FEASIBLE: self.feasible,
             TrialAttr.FOLDER: o.folder,
             TrialAttr.TIMINGS: o.timings,
-            TrialAttr.KV_CACHE_TOKENS: o.server.get("kv_cache_tokens"),
-            TrialAttr.CPUS: {side: cpus_text(o.placement.get(side)) for side in SIDES},
+            TrialAttr.KV_CACHE_TOKENS: o.server.kv_cache_tokens if o.server else None,
+            TrialAttr.CPUS: {side: cpus_text(o.placement.asked(side)) for side in SIDES},
         }
         if m is not None:
             attrs.update({metric_attr(k): _finite(v) for k, v in m.flat().items()})
@@ -110,7 +110,7 @@ class Evaluator:
         self, params: dict[str, Any], outcome: TrialOutcome | None
     ) -> obj.ObjectiveContext:
         cfg = self.config
-        gpu = (outcome.telemetry.get("gpu", {}) if outcome else {}) or {}
+        gpu = outcome.telemetry.gpu if outcome else {}
         m = outcome.metrics() if outcome else None
         return obj.ObjectiveContext(
             cost=cfg.cost,
@@ -118,7 +118,7 @@ class Evaluator:
             device=cfg.server.device,
             gpus_used=devices_needed({**cfg.server.args, **params}),
             gpu_model=self.gpu_model,
-            cpus=len((outcome.placement.get("server") or ()) if outcome else ()),
+            cpus=len((outcome.placement.server or ()) if outcome else ()),
             energy_j=gpu.get("energy_j"),
             window_s=m.window_s if m else 0.0,
             quality_excess=context_excess(outcome.quality) if outcome else None,
@@ -142,9 +142,9 @@ class Evaluator:
         """Rebuild a stored evaluation (for resume) from a finished trial."""
         outcome = TrialOutcome(
             trial_id=str(trial.number),
-            status=trial.user_attrs.get(TrialAttr.STATUS, TrialStatus.OK),
+            status=TrialStatus(trial.user_attrs.get(TrialAttr.STATUS, TrialStatus.OK)),
             argv=shlex.split(trial.user_attrs.get(TrialAttr.VLLM_COMMAND, "")),
-            launch={},
+            launch=LaunchSpec(),
             reason=trial.user_attrs.get(TrialAttr.FAILURE_REASON, ""),
             folder=trial.user_attrs.get(TrialAttr.FOLDER, ""),
         )

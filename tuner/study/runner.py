@@ -18,6 +18,7 @@ from optuna.trial import TrialState
 
 from tuner.config import TunerConfig
 from tuner.errors import ConfigError, StudyFailedError, TunerError
+from tuner.outcome import TrialOutcome
 from tuner.paths import StudyPaths
 from tuner.quality import (
     QualityOutputs,
@@ -65,11 +66,11 @@ from tuner.study.stages import (
     tell_reused,
 )
 from tuner.study.storage import Heartbeat, fail_unfinished_trials, open_storage, trial_id
-from tuner.trial import TrialOutcome, run_trial
+from tuner.trial import run_trial
 
 Progress = Callable[[str], None]
 # How a study measures one configuration: tuner.trial.run_trial (real server, real load), or a
-# table lookup in benchmarks/replay.py. Same signature, same always-an-outcome contract.
+# table lookup in the benchmarks' replays. Same signature, same always-an-outcome contract.
 TrialFn = Callable[..., TrialOutcome]
 MAX_PROPOSALS_PER_TRIAL = 4
 
@@ -282,8 +283,10 @@ class StudyRunner:
         q = self.config.quality
         if not (q.enabled and outcome.ok):
             return
-        if role == Role.BASELINE and outcome.quality.get("outputs"):
-            self.baseline_quality = QualityOutputs.read(Path(outcome.quality["outputs"]))
+        if outcome.quality is None:
+            return
+        if role == Role.BASELINE and outcome.quality.outputs:
+            self.baseline_quality = QualityOutputs.read(Path(outcome.quality.outputs))
         stage = next((s for s in self.stages if label in (s.name, confirm_label(s.name))), None)
         gated = stage is not None and gate_applies(q, stage.name, stage.specs)
         outcome.quality = attach_quality(outcome.quality, self.baseline_quality, q, gated)

@@ -62,7 +62,7 @@ class Session:
     def _take_lock(self) -> None:
         """One `tuner run` per study folder: a second one would mark the first's trials failed."""
         paths = self.runner.paths.ensure()
-        handle = (paths.root / ".run.lock").open("w")
+        handle = paths.run_lock.open("w")
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -159,7 +159,9 @@ def open_session(
     on_launch: BudgetHook | None = None,
 ) -> Session:
     """Everything a run or a dry run needs; cheap checks (search space, devices) happen here."""
-    device_count = gpu_count() if config.server.device == "cuda" else (os.cpu_count() or 1)
+    # The CPUs this process may use (a container or taskset allows fewer than the host has)
+    cpus = len(os.sched_getaffinity(0))
+    device_count = gpu_count() if config.server.device == "cuda" else cpus
     search_space.validate_space(config.search_space)
     space_checks.validate_against_devices(
         config.search_space, config.server.device, device_count, fixed_args=config.server.args

@@ -56,6 +56,10 @@ class TelemetrySummary:
     metrics: dict[str, float] = field(default_factory=dict)
     client_saturated: bool = False
     warnings: list[str] = field(default_factory=list)
+    # The client's mean latencies over the server's own for the same requests, and whether
+    # they show a client that read tokens late (set by the trial after its window).
+    client_over_server: dict[str, float] = field(default_factory=dict)
+    client_lagging: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -68,6 +72,8 @@ class TelemetrySummary:
             metrics=dict(data.get("metrics", {})),
             client_saturated=bool(data.get("client_saturated", False)),
             warnings=list(data.get("warnings", [])),
+            client_over_server=dict(data.get("client_over_server", {})),
+            client_lagging=bool(data.get("client_lagging", False)),
         )
 
 
