@@ -14,6 +14,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from tuner.config.executor import EXECUTORS, RayConfig
+from tuner.config.plan import PlanConfig
 from tuner.config.workload import WorkloadConfig
 from tuner.errors import ConfigError
 
@@ -45,6 +47,11 @@ class ServerConfig:
     startup_timeout_s: float = 300.0
     stop_grace_s: float = 15.0
     ready_probe_tokens: int = 1
+    # Start from what runs today: a `vllm serve ...` command or a vLLM --config YAML whose flags
+    # become the fixed args (and so the baseline).
+    from_command: str | None = None
+    from_config: str | None = None
+    url: str | None = None  # kind=external: a running endpoint, measured and never signalled
 
     def validate(self) -> None:
         if self.model == MISSING_MODEL or not self.model:
@@ -154,6 +161,10 @@ class StudyConfig:
     max_failure_rate: float = 0.6
     max_consecutive_failures: int = 4
     seed: int = 0
+    # Where trials run: local (one at a time, here) or ray (in parallel, on a cluster)
+    executor: str = "local"
+    parallel: str = "1"  # trials at once with executor=ray: a number, or auto (what fits)
+    prescreen: bool = False  # tell points the estimator says cannot fit as infeasible, unlaunched
 
     @property
     def pools_noise(self) -> bool:
@@ -173,6 +184,12 @@ class StudyConfig:
     def validate(self, groups: list[str]) -> None:
         if self.strategy not in ("staged", "joint"):
             raise ConfigError(f"study.strategy must be 'staged' or 'joint', got {self.strategy!r}")
+        if self.executor not in EXECUTORS:
+            raise ConfigError(
+                f"study.executor must be one of {', '.join(EXECUTORS)}, got {self.executor!r}"
+            )
+        if self.parallel != "auto" and not (self.parallel.isdigit() and int(self.parallel) >= 1):
+            raise ConfigError(f"study.parallel must be >= 1 or auto, got {self.parallel!r}")
         if self.trials_per_stage < 1 or self.repeats < 0 or self.min_gain < 0:
             raise ConfigError("study: need trials_per_stage >= 1, repeats >= 0, min_gain >= 0")
         if self.baseline_measurements < 1:
@@ -296,6 +313,8 @@ class TunerConfig:
     cost: CostConfig = field(default_factory=CostConfig)
     sampler: SamplerConfig = field(default_factory=SamplerConfig)
     quality: QualityConfig = field(default_factory=QualityConfig)
+    plan: PlanConfig = field(default_factory=PlanConfig)
+    ray: RayConfig = field(default_factory=RayConfig)
 
     def __post_init__(self) -> None:
         # OmegaConf keeps dict[str, dict[str, ParamSpec]] untyped below the first level, so the
@@ -312,6 +331,7 @@ class TunerConfig:
         self.workload.validate()
         self.quality.validate()
         self.telemetry.validate()
+        self.plan.validate()
         self.study.validate(sorted(self.search_space))
 
 
