@@ -1,0 +1,1 @@
+"""Before launching: vLLM's own config validation of a candidate, and GPU estimates."""
