@@ -24,4 +24,16 @@ if [ ! -f models/tiny-llama/config.json ]; then
   echo "[setup] building the tiny local model"
   "$VENV/bin/python" scripts/make_tiny_model.py models/tiny-llama
 fi
+# The report page's browser test (tests/integration/test_report_page.py) screenshots report.html
+# with Debian's chromium, never a downloaded browser; it fails without it, so install it here.
+if [ ! -x /usr/bin/chromium ]; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    echo "[setup] installing Debian's chromium (the report page's browser test)"
+    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; } \
+      >/dev/null 2>&1 || echo "[setup] apt-get could not install chromium: the browser test will fail"
+  else
+    echo "[setup] /usr/bin/chromium is missing: the report page's browser test needs it" \
+      "(as root: apt-get install -y chromium)"
+  fi
+fi
 echo "[setup] ready: $VENV/bin/tuner"

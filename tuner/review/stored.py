@@ -38,6 +38,7 @@ from tuner.schema import (
     stage_study,
     study_of,
 )
+from tuner.study.acceptance import Decision
 from tuner.study.storage import open_storage, redact_url
 
 __all__ = ["Choice", "Review", "TrialView", "nondominated", "open_review"]
@@ -114,6 +115,11 @@ class Review:
             if StudyAttr.DECISION in study.user_attrs
         }
 
+    def decision(self, stage: str) -> Decision | None:
+        """The stage's stored acceptance decision, typed (None while the stage is undecided)."""
+        stored = self.decisions.get(stage)
+        return Decision.from_dict(stored) if stored is not None else None
+
     @property
     def device(self) -> str:
         hw = self.fingerprint.get("hardware") or {}
@@ -147,6 +153,22 @@ class Review:
         same = [v for v in ok if seeded is not None and v.trial.values == seeded]
         found = same or ok
         return found[-1] if found else None
+
+    @cached_property
+    def baseline_windows(self) -> list[TrialView]:
+        """Every measured window of the baseline (its study's ok trials). Comparisons use
+        their mean: one window of a shared machine can sit 20-40 % off the configuration's
+        level, and the acceptance rule judges the baseline on all of them."""
+        if self.baseline_study is None:
+            return []
+        views = [_view(self.baseline_study, Role.BASELINE, t) for t in self.baseline_study.trials]
+        return [v for v in views if v.measured]
+
+    def baseline_mean(self, objective: str) -> float | None:
+        """The mean of ``objective`` over the baseline's windows (None without a value)."""
+        values = [self.value(v, objective) for v in self.baseline_windows]
+        finite = [x for x in values if x is not None]
+        return float(np.mean(finite)) if finite else None
 
     def _linked_baseline_trial(self) -> int | None:
         first = next(iter(self.stages.values()), None)
