@@ -1,16 +1,17 @@
-"""§13's and §14's tables: a setting of tuner's acceptance rule against its alternative, from
-the replays' own files.
+"""A setting of tuner's acceptance rule against its alternative, side by side, from the
+replays' own files.
 
-Each ``replay.json`` under ``benchmarks/results/<setting>/<landscape>_<budget>/`` was written by
-``replay.py`` with both values of one setting, which replays each strategy under both on the
-same seeds; this puts each strategy's two runs side by side → ``results/<setting>/summary.md``:
+Each ``replay.json`` under ``benchmarks/results/acceptance/replay/<setting>/<table>_<budget>/``
+was written by ``benchmarks.replay`` with both values of one setting, which replays each
+strategy under both on the same seeds; this puts each strategy's two runs side by side →
+``<setting>/summary.md``:
 
-- ``noise`` (§13, ``replay.py --noise pooled pair``): study.noise, pooled | pair; with each
+- ``noise_rule`` (``replay --noise pooled pair``): study.noise, pooled | pair; with each
   measured table's pooled noise in its two throughput columns;
-- ``window`` (§14, ``replay.py --search-window count drop``): study.count_search_window,
+- ``search_window`` (``replay --search-window count drop``): study.count_search_window,
   true | false.
 
-    .venv/bin/python benchmarks/acceptance_rules.py noise window
+    .venv/bin/python -m benchmarks.acceptance_rules noise_rule search_window
 """
 
 from __future__ import annotations
@@ -19,19 +20,16 @@ import argparse
 import json
 import sys
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+import numpy as np
+import pandas as pd
 
-import numpy as np  # noqa: E402
-import pandas as pd  # noqa: E402
+from benchmarks.layout import DATA, results
+from benchmarks.scoring import markdown
+from tuner import NoiseEstimate
 
-from benchmarks.scoring import markdown  # noqa: E402
-from tuner.study.noise import NoiseEstimate  # noqa: E402
-
-RESULTS = ROOT / "benchmarks/results"
+REPLAYS = results("acceptance", "replay")
 TABLES = ("grid_vllm_cpu", "grid_vllm_cpu_avx512", "grid_vllm_cpu_amx", "grid_vllm_cpu_fine")
 PARAMS = ("max_num_seqs", "max_num_batched_tokens", "enforce_eager", "kv_cache_dtype")
 THROUGHPUT = ("output_tok_s", "output_token_rate")
@@ -50,8 +48,8 @@ class Setting:
 
 
 SETTINGS = {
-    "noise": Setting("_pair", ("pooled", "pair"), "study.noise"),
-    "window": Setting("_drop", ("count", "drop"), "study.count_search_window true | false"),
+    "noise_rule": Setting("_pair", ("pooled", "pair"), "study.noise"),
+    "search_window": Setting("_drop", ("count", "drop"), "study.count_search_window true | false"),
 }
 
 
@@ -83,11 +81,11 @@ def mean_score(runs: dict[int, dict[str, Any]]) -> float:
 
 
 def column_noise() -> list[dict[str, Any]]:
-    """Each table's pooled noise (tuner.study.noise, as a study would pool it) in each throughput
-    column: how steady each would be as the selection objective."""
+    """Each table's pooled noise (:class:`tuner.NoiseEstimate`, as a study would pool it) in each
+    throughput column: how steady each would be as the selection objective."""
     rows = []
     for name in TABLES:
-        data = pd.read_csv(ROOT / "benchmarks/data" / f"{name}.csv")
+        data = pd.read_csv(DATA / f"{name}.csv")
         data = data[data["status"] == "ok"]
         keys = [p for p in PARAMS if p in data]
         row: dict[str, Any] = {"table": name}
@@ -100,15 +98,15 @@ def column_noise() -> list[dict[str, Any]]:
 
 
 def summarize(name: str) -> str:
-    """The setting's table from every replay under results/<name>/ (empty if there is none)."""
-    setting, folder = SETTINGS[name], RESULTS / name
+    """The setting's table from every replay under its folder (empty if there is none)."""
+    setting, folder = SETTINGS[name], REPLAYS / name
     rows: list[dict[str, Any]] = []
     for path in sorted(folder.glob("*/replay.json")):
         rows += pairs(json.loads(path.read_text()), path.parent.name, setting)
     if not rows:
         return ""
     table = markdown(rows)
-    if name == "noise":
+    if name == "noise_rule":
         table += "\n\n" + markdown(column_noise())
     head = f"Each cell: {' | '.join(setting.labels)} ({setting.flag}), same seeds.\n\n"
     (folder / "summary.md").write_text(head + table + "\n")
@@ -122,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     for name in args.settings:
         table = summarize(name)
         if not table:
-            print(f"no replays with both values of {name} under {RESULTS / name}", file=sys.stderr)
+            print(f"no replays with both values of {name} under {REPLAYS / name}", file=sys.stderr)
             return 2
         print(table)
     return 0

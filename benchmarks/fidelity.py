@@ -10,7 +10,7 @@ tuner's synthesizer per run, read by vLLM's client as a ``custom`` dataset (``--
 gives vLLM's client its ``random`` dataset, which repeats prompts on a small vocabulary and so
 hits the server's prefix cache; the hit rate of every run is read from /metrics). Reported:
 ours / vLLM's for P50/P99 TTFT, TPOT and E2E (vLLM's own reported percentiles against
-tuner.measure's) and output tok/s, per pair and median.
+tuner.measurement's) and output tok/s, per pair and median.
 
 Output tok/s is defined differently on purpose: vLLM divides every output token by the time from
 the first send to the last completion (ramp-up and tail included); tuner divides the tokens of
@@ -18,17 +18,19 @@ requests started in the window by the window (to the last *start*; the tail drai
 ``output_tok_s_aligned`` applies vLLM's definition to tuner's own records, so a gap between the
 two clients and a gap between the two definitions are told apart.
 
-``headroom``: the SSE events/s one Locust process sustains (benchmarks/headroom.py).
+``headroom``: the SSE events/s one Locust process sustains (``benchmarks.headroom``).
 
 ``--server-cpus 0 --client-cpus 1`` gives each side cores of its own (a CPU server otherwise
 computes on the cores its client uses): the server starts pinned, with vLLM's OpenMP threads
 bound to the same cores (VLLM_CPU_OMP_THREADS_BIND), and both clients run pinned to the others.
 The affinity each server thread really had is read back and reported.
 
-    .venv/bin/python benchmarks/fidelity.py compare --rounds 4
-    .venv/bin/python benchmarks/fidelity.py --out benchmarks/results/fidelity_pinned compare \
-        --rounds 4 --server-cpus 0 --client-cpus 1
-    .venv/bin/python benchmarks/fidelity.py headroom
+    .venv/bin/python -m benchmarks.fidelity compare --rounds 4 --server-cpus 0 --client-cpus 1
+    .venv/bin/python -m benchmarks.fidelity headroom
+
+write to ``benchmarks/results/fidelity/<machine>/<variant>/`` unless ``--out`` says otherwise:
+``pinned`` or ``shared`` (server and clients on every CPU), ``_own_prompts`` with ``--prompts
+own``, and ``headroom``.
 """
 
 from __future__ import annotations
@@ -50,27 +52,29 @@ from typing import Any
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from benchmarks import headroom  # noqa: E402
-from tuner.cli import compose  # noqa: E402
-from tuner.config import SloConfig  # noqa: E402
-from tuner.config.workload import LengthDist, RequestClass, WorkloadConfig  # noqa: E402
-from tuner.host.placement import pin, tree_cpus  # noqa: E402
-from tuner.loadgen import LocustLoadGenerator, Target  # noqa: E402
-from tuner.loadgen.workload import build_plan  # noqa: E402
-from tuner.measure import Measurements, measure  # noqa: E402
-from tuner.records import RequestRecord, read_records  # noqa: E402
-from tuner.server import LaunchSpec, make_backend  # noqa: E402
-from tuner.telemetry.metrics import (  # noqa: E402
+from benchmarks import headroom
+from benchmarks.layout import machine, results
+from tuner import (
+    LaunchSpec,
+    LengthDist,
+    LocustLoadGenerator,
+    RequestClass,
+    RequestRecord,
+    SloConfig,
+    Target,
+    WorkloadConfig,
+    build_plan,
+    compose,
     counter_deltas,
     histogram_means,
+    make_backend,
     over_server,
+    pin,
+    read_records,
     scrape,
+    tree_cpus,
 )
 
-DEFAULT_OUT = ROOT / "benchmarks" / "results"
 METRICS = ("ttft", "tpot", "e2e")
 VLLM_NAME = {"ttft": "ttft", "tpot": "tpot", "e2e": "e2el"}
 # vllm bench serve, from the installed package, with its own argument parser.
@@ -166,7 +170,7 @@ def run_ours(
     result = LocustLoadGenerator().run(target, wl, folder)
     client_cpu_s = _children_cpu_s() - cpu0  # the Locust process, its start-up included
     records = list(read_records(result.records_path))
-    m: Measurements = measure(records, result.window_start, result.window_end, SloConfig())
+    m = headroom.measure_window(records, result.window_start, result.window_end, SloConfig())
     row = {"output_tok_s": m.output_throughput, "completed": float(m.completed)}
     row["client_cpu_s"] = client_cpu_s
     for name in METRICS:
@@ -305,7 +309,7 @@ def _fmt(row: dict[str, float]) -> str:
 # ---- CLI ------------------------------------------------------------------------------------
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    p.add_argument("--out", type=Path, default=None, help="default: see the module's docstring")
     sub = p.add_subparsers(dest="command", required=True)
     c = sub.add_parser("compare", help="tuner's client vs vllm bench serve on one server")
     c.add_argument("--rounds", type=int, default=4, help="A/B pairs (order alternates)")
@@ -333,13 +337,22 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+def variant(args: argparse.Namespace) -> str:
+    """The results folder of a run: headroom, or where the sides ran and whose prompts."""
+    if args.command != "compare":
+        return "headroom"
+    where = "pinned" if args.server_cpus or args.client_cpus else "shared"
+    return where + ("_own_prompts" if args.prompts == "own" else "")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     result = compare(args) if args.command == "compare" else headroom.headroom(args)
-    args.out.mkdir(parents=True, exist_ok=True)
+    out = args.out or results("fidelity", machine(), variant(args))
+    out.mkdir(parents=True, exist_ok=True)
     name = "fidelity.json" if args.command == "compare" else "client_headroom.json"
     result["machine_loadavg_at_end"] = os.getloadavg()
-    (args.out / name).write_text(json.dumps(result, indent=1, default=str) + "\n")
+    (out / name).write_text(json.dumps(result, indent=1, default=str) + "\n")
     summary = result.get("median_ratio") or result.get("sustained_events_per_s")
     print(json.dumps(summary, indent=1))
     return 0

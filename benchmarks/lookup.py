@@ -1,10 +1,10 @@
 """A StudyRunner whose trials look measurements up in a landscape instead of starting servers.
 
-:func:`run_study` runs tuner's own :class:`~tuner.study.runner.StudyRunner` (samplers from the
-registry, search_space, evaluation, the acceptance rule, a real Optuna SQLite storage) with
-:func:`lookup_trials` as its ``trial_fn``: each launch draws one of its configuration's measured
-repeats, and the run's launches and stored decisions come back as a
-:class:`~benchmarks.scoring.RunTrace`.
+:func:`run_study` runs tuner's own :class:`tuner.StudyRunner` (samplers from the registry,
+search_space, evaluation, the acceptance rule, a real Optuna SQLite storage) with
+:func:`lookup_trials` as its ``trial_fn``, the runner's public seam for the trial function:
+each launch draws one of its configuration's measured repeats, and the run's launches and
+stored decisions come back as a :class:`~benchmarks.scoring.RunTrace`.
 """
 
 from __future__ import annotations
@@ -14,25 +14,31 @@ import copy
 import logging
 import tempfile
 from collections.abc import Iterator, Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import optuna
 
-import tuner.study.runner as study_module
 from benchmarks.landscape import MAX_ERROR_RATE, Landscape, Measured
 from benchmarks.scoring import Launch, RunTrace, incumbent_timeline
-from tuner.config import ParamSpec, SamplerConfig, TunerConfig
-from tuner.errors import TunerError
-from tuner.measure import Measurements, MetricStats
-from tuner.schema import StudyAttr
-from tuner.server import LaunchSpec
-from tuner.study.acceptance import Decision
-from tuner.study.evaluation import Evaluator
-from tuner.study.runner import TrialFn
-from tuner.trial import TrialOutcome
+from tuner import (
+    Decision,
+    Evaluator,
+    LaunchSpec,
+    Measurements,
+    MetricStats,
+    ParamSpec,
+    SamplerConfig,
+    StudyAttr,
+    StudyRunner,
+    TrialFn,
+    TrialOutcome,
+    TrialStatus,
+    TunerConfig,
+    TunerError,
+)
 
 WINDOW_S = 10.0  # the grid's window: only used to rebuild counts from rates
 # The study's SQLite file: in memory-backed /dev/shm when there is one (a commit there costs
@@ -67,7 +73,7 @@ def count_fallbacks() -> Iterator[_FallbackCounter]:
 
 def outcome_of(measured: Measured, launch: LaunchSpec, trial_id: str) -> TrialOutcome:
     """The TrialOutcome run_trial would have returned for this measurement."""
-    outcome = TrialOutcome(trial_id, "failed", [], asdict(launch), reason=measured.reason)
+    outcome = TrialOutcome(trial_id, TrialStatus.FAILED, [], launch, reason=measured.reason)
     if not measured.ok:
         outcome.message = "replayed failure"
         return outcome
@@ -91,7 +97,7 @@ def outcome_of(measured: Measured, launch: LaunchSpec, trial_id: str) -> TrialOu
         mean_output_tokens=None,
         dispatch_lag_p99_s=None,
     )
-    outcome.status, outcome.reason, outcome.measurements = "ok", "", m.to_dict()
+    outcome.status, outcome.reason, outcome.measurements = TrialStatus.OK, "", m
     return outcome
 
 
@@ -162,9 +168,7 @@ def run_study(
     with tempfile.TemporaryDirectory(prefix="replay-", dir=SCRATCH) as tmp:
         config = study_config(base, s, space, slo, seed, Path(tmp))
         lookup = lookup_trials(land, rng, trace.launches)
-        runner = study_module.StudyRunner(
-            config, Evaluator(config), {"replay": seed}, quiet, trial_fn=lookup
-        )
+        runner = StudyRunner(config, Evaluator(config), {"replay": seed}, quiet, trial_fn=lookup)
         with count_fallbacks() as fallbacks:
             try:
                 runner.run()
@@ -182,7 +186,7 @@ def quiet(_message: str) -> None:
     return None
 
 
-def stored_decisions(config: TunerConfig, runner: study_module.StudyRunner) -> list[Decision]:
+def stored_decisions(config: TunerConfig, runner: StudyRunner) -> list[Decision]:
     """Every stage decision the run stored (also those before an early stop)."""
     out = []
     for stage in runner.stages:

@@ -3,16 +3,16 @@
 Every configuration of a grid (``--grid``: ``batching``, max_num_seqs x max_num_batched_tokens x
 enforce_eager, the replay's landscape; ``batching_fine``, the same axes at finer steps, 50
 configurations; ``precision``, max_num_seqs x kv_cache_dtype) is measured
-``--repeats`` times with :func:`tuner.trial.run_trial` (real server, real Locust load, raw
+``--repeats`` times with :func:`tuner.run_trial` (real server, real Locust load, raw
 per-request records), in an interleaved order: repeat r visits every configuration once, in a
 shuffled order of its own, before repeat r+1 starts, so slow drifts of the shared machine spread
 over all configurations instead of biasing some. One CSV row per measurement; the script is
 resumable (rows already in the CSV are skipped), so an interrupted run continues with::
 
-    .venv/bin/python benchmarks/measure_grid.py            # (re)measure what is missing
+    .venv/bin/python -m benchmarks.measure_grid            # (re)measure what is missing
 
-The batching table feeds benchmarks/replay.py (search strategies replayed against measured
-values), the precision table benchmarks/precision.py (fp8 / auto ratios).
+The batching table feeds ``benchmarks.replay`` (search strategies replayed against measured
+values), the precision table ``benchmarks.precision`` (fp8 / auto ratios).
 """
 
 from __future__ import annotations
@@ -34,18 +34,18 @@ from typing import Any
 
 import pandas as pd
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from benchmarks.layout import DATA
+from tuner import (
+    Evaluator,
+    LaunchSpec,
+    StudyPaths,
+    TrialOutcome,
+    compose,
+    read_records,
+    run_trial,
+    token_rate,
+)
 
-from tuner.cli import compose  # noqa: E402
-from tuner.measure import token_rate  # noqa: E402
-from tuner.paths import StudyPaths  # noqa: E402
-from tuner.records import read_records  # noqa: E402
-from tuner.server import LaunchSpec  # noqa: E402
-from tuner.study.evaluation import Evaluator  # noqa: E402
-from tuner.trial import run_trial  # noqa: E402
-
-DATA = ROOT / "benchmarks" / "data"
 METRIC_COLUMNS = [
     "status", "reason",
     "p50_e2e_s", "p99_e2e_s", "p50_ttft_s", "p99_ttft_s", "p50_tpot_s", "p99_tpot_s",
@@ -126,7 +126,8 @@ GRIDS: dict[str, Grid] = {
     # The landscape's resolution: with 64 closed-loop users, max_num_seqs 64, 128 (vLLM's
     # default) and 256 are the same eager server for the workload (no more than 64 requests
     # ever run), so how far these twins measure apart is what one measurement can resolve on
-    # this machine (§11, §15). Minutes, where a landscape takes an hour: run it first.
+    # this machine, which the spread between one configuration's repeats understates when the
+    # whole machine drifts. Minutes, where a landscape takes an hour: run it first.
     "twins": Grid(
         axes={"max_num_seqs": [64, 256], "max_num_batched_tokens": [2048, 8192]},
         extra=(Point("default-eager", {}),),
@@ -177,20 +178,16 @@ def overrides(args: argparse.Namespace) -> list[str]:
     ]
 
 
-def _stat(m: dict[str, Any], metric: str, stat: str) -> float | str:
-    value = m.get(metric, {}).get(stat)
-    return "" if value is None else round(float(value), 5)
-
-
-def _round(value: Any) -> float | str:
-    return "" if value is None else round(float(value), 2)
+def _round(value: float | None, digits: int = 2) -> float | str:
+    """A CSV cell: rounded, or empty where there is no value."""
+    return "" if value is None else round(float(value), digits)
 
 
 def row_of(
-    grid: Grid, point: Point, rep: int, order: int, outcome: Any, cost: float
+    grid: Grid, point: Point, rep: int, order: int, outcome: TrialOutcome, cost: float
 ) -> dict[str, Any]:
-    m = outcome.measurements or {}
-    ok = outcome.ok and m.get("completed", 0) > 0
+    m = outcome.measurements
+    ok = outcome.ok and m is not None and m.completed > 0
     row: dict[str, Any] = {c: "" for c in grid.columns}
     row.update({**grid.fixed, **point.params})
     row.update(
@@ -201,27 +198,27 @@ def row_of(
         reason=outcome.reason if not outcome.ok else ("" if ok else "no_completed_requests"),
         startup_s=outcome.timings.get("startup", ""),
         trial_s=outcome.timings.get("total", ""),
-        kv_cache_tokens=outcome.server.get("kv_cache_tokens") or "",
-        client_saturated=bool(outcome.telemetry.get("client_saturated", False)),
+        kv_cache_tokens=(outcome.server and outcome.server.kv_cache_tokens) or "",
+        client_saturated=outcome.telemetry.client_saturated,
         loadavg_1m=round(os.getloadavg()[0], 2),
         started_at=time.strftime("%Y-%m-%dT%H:%M:%S"),
         message=(outcome.message or "")[:200],
     )
-    if m:
+    if m is not None:
         row.update(
-            p50_e2e_s=_stat(m, "e2e", "p50"),
-            p99_e2e_s=_stat(m, "e2e", "p99"),
-            p50_ttft_s=_stat(m, "ttft", "p50"),
-            p99_ttft_s=_stat(m, "ttft", "p99"),
-            p50_tpot_s=_stat(m, "tpot", "p50"),
-            p99_tpot_s=_stat(m, "tpot", "p99"),
-            output_tok_s=round(float(m["output_throughput"]), 2),
-            output_token_rate=_round(m.get("output_token_rate")),
-            request_per_s=round(float(m["request_throughput"]), 3),
-            error_rate=round(float(m["error_rate"]), 4),
-            completed=m["completed"],
-            failed=m["failed"],
-            errors_by_kind=";".join(f"{k}={v}" for k, v in m.get("errors_by_kind", {}).items()),
+            p50_e2e_s=_round(m.e2e.p50, 5),
+            p99_e2e_s=_round(m.e2e.p99, 5),
+            p50_ttft_s=_round(m.ttft.p50, 5),
+            p99_ttft_s=_round(m.ttft.p99, 5),
+            p50_tpot_s=_round(m.tpot.p50, 5),
+            p99_tpot_s=_round(m.tpot.p99, 5),
+            output_tok_s=round(m.output_throughput, 2),
+            output_token_rate=_round(m.output_token_rate),
+            request_per_s=round(m.request_throughput, 3),
+            error_rate=round(m.error_rate, 4),
+            completed=m.completed,
+            failed=m.failed,
+            errors_by_kind=";".join(f"{k}={v}" for k, v in m.errors_by_kind.items()),
         )
     if ok and cost == cost and cost not in (float("inf"), float("-inf")):
         row["cost_per_m_tok"] = round(cost, 5)

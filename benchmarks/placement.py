@@ -1,14 +1,15 @@
 """CPU placement side by side: the same trial with the client on CPUs of its own (tuner's
 default, ``placement=auto``) and with server and client sharing every CPU (``all``).
 
-Runs tuner's own :func:`tuner.trial.run_trial` (real vLLM-CPU, real Locust) in rounds of one
+Runs tuner's own :func:`tuner.run_trial` (real vLLM-CPU, real Locust) in rounds of one
 trial per arm, the order alternating each round (ABBA), and reports per arm what the client
 measured, what vLLM's own /metrics histograms say for the same window (the clock check), and
 where each side ran (read back from the kernel):
 
-    .venv/bin/python benchmarks/placement.py --rounds 3 --out benchmarks/results/placement
+    .venv/bin/python -m benchmarks.placement --rounds 3  # → results/placement/<machine>/16users/
 
-Extra arguments are Hydra overrides for both arms (default: the quickstart preset).
+Extra arguments are Hydra overrides for both arms (default: the quickstart preset, 16 users;
+the folder is named by the users the arms ran with).
 """
 
 from __future__ import annotations
@@ -19,20 +20,12 @@ import statistics
 import sys
 import tempfile
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from benchmarks.layout import machine, results
+from benchmarks.trial_overhead import save, trial_script_args
+from tuner import LaunchSpec, StudyPaths, TrialOutcome, compose, read_cpuinfo, run_trial
 
-from benchmarks.trial_overhead import save, trial_script_args  # noqa: E402
-from tuner.cli import compose  # noqa: E402
-from tuner.host.cpu import read_cpuinfo  # noqa: E402
-from tuner.paths import StudyPaths  # noqa: E402
-from tuner.server import LaunchSpec  # noqa: E402
-from tuner.trial import TrialOutcome, run_trial  # noqa: E402
-
-DEFAULT_OUT = ROOT / "benchmarks" / "results" / "placement"
 ARMS = {
     "own_cpus": [],  # placement=auto: the default
     "shared": ["placement.server_cpus=all", "placement.client_cpus=all"],
@@ -43,25 +36,27 @@ RATIOS = ("ttft", "tpot", "e2e")
 def row(arm: str, rnd: int, outcome: TrialOutcome) -> dict[str, Any]:
     """One trial's figures: the client's, vLLM's own, and where each side ran."""
     m, tel = outcome.measurements, outcome.telemetry
-    proc, ratios = tel.get("process", {}), tel.get("client_over_server", {})
+    if m is None:  # run_trial measures every ok outcome, and only ok ones get here
+        raise ValueError(f"{outcome.trial_id}: no measurements")
+    nan = float("nan")
     return {
         "arm": arm,
         "round": rnd,
-        "output_tok_s": round(m["output_throughput"], 1),
+        "output_tok_s": round(m.output_throughput, 1),
         # tokens made inside the window: output_tok_s steps by whole requests (64 closed-loop
         # users in lockstep send 64 at a time)
-        "output_token_rate": round(m.get("output_token_rate") or float("nan"), 1),
-        "p50_e2e_s": round(m["e2e"]["p50"], 4),
-        "p99_e2e_s": round(m["e2e"]["p99"], 4),
-        "p99_ttft_s": round(m["ttft"]["p99"], 4),
-        "server_e2e_mean_s": tel.get("metrics", {}).get("server_e2e_mean_s"),
-        **{f"{k}_over_server": ratios.get(k) for k in RATIOS},
-        "clock_check_flagged": bool(tel.get("client_lagging")),
-        "server_cores": proc.get("server_cpu_mean_cores"),
-        "client_cores": proc.get("client_cpu_mean_cores"),
-        "server_cpus": outcome.placement.get("server_read_back"),
-        "client_cpus": outcome.placement.get("client_read_back"),
-        "startup_s": round(outcome.server.get("startup_s", 0.0), 1),
+        "output_token_rate": round(m.output_token_rate or nan, 1),
+        "p50_e2e_s": round(m.e2e.p50 or nan, 4),
+        "p99_e2e_s": round(m.e2e.p99 or nan, 4),
+        "p99_ttft_s": round(m.ttft.p99 or nan, 4),
+        "server_e2e_mean_s": tel.metrics.get("server_e2e_mean_s"),
+        **{f"{k}_over_server": tel.client_over_server.get(k) for k in RATIOS},
+        "clock_check_flagged": tel.client_lagging,
+        "server_cores": tel.process.get("server_cpu_mean_cores"),
+        "client_cores": tel.process.get("client_cpu_mean_cores"),
+        "server_cpus": outcome.placement.server_read_back,
+        "client_cpus": outcome.placement.client_read_back,
+        "startup_s": round(outcome.server.startup_s, 1) if outcome.server else None,
     }
 
 
@@ -82,7 +77,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 print(json.dumps(rows[-1]), flush=True)
     cpu = read_cpuinfo()
     return {"rows": rows, "ratios": ratios(rows), "overrides": args.overrides,
-            "cpu": cpu.model, "isa": cpu.isa}  # fmt: skip
+            "cpu": cpu.model, "isa": cpu.isa, "users": config.workload.concurrency}  # fmt: skip
 
 
 def ratios(rows: Sequence[dict[str, Any]]) -> dict[str, float]:
@@ -107,9 +102,11 @@ def table(result: dict[str, Any]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = trial_script_args(__doc__ or "", "rounds", DEFAULT_OUT, argv)
+    default_out = "results/placement/<machine>/<users>users"
+    args = trial_script_args(__doc__ or "", "rounds", default_out, argv)
     result = run(args)
-    save(args.out, "placement.json", result)
+    out = args.out or results("placement", machine(), f"{result['users']}users")
+    save(out, "placement.json", result)
     print(table(result))
     print("medians own_cpus / shared:", json.dumps(result["ratios"]))
     return 0

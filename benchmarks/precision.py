@@ -6,8 +6,8 @@ full pass in its own shuffled order). The two dtypes of one batch limit in one r
 pair; each metric's ratio fp8 / auto is taken per pair and summarized by its median, so a slow
 drift of the shared machine cancels instead of favouring one dtype.
 
-    .venv/bin/python benchmarks/measure_grid.py --grid precision --repeats 3
-    .venv/bin/python benchmarks/precision.py    # -> benchmarks/results/precision_avx512.{json,md}
+    .venv/bin/python -m benchmarks.measure_grid --grid precision --repeats 3
+    .venv/bin/python -m benchmarks.precision  # → results/precision/<machine>/precision.{json,md}
 """
 
 from __future__ import annotations
@@ -21,15 +21,16 @@ from typing import Any
 
 import pandas as pd
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from benchmarks.layout import results
+from benchmarks.measure_grid import GRIDS
+from benchmarks.scoring import markdown
 
-from benchmarks.measure_grid import GRIDS  # noqa: E402
-from benchmarks.scoring import markdown  # noqa: E402
-
-DEFAULT_OUT = ROOT / "benchmarks" / "results"
-# output_token_rate: tokens generated inside the window per second (README §1 says why not the
-# request-count output_tok_s); kv_cache_tokens: the KV capacity vLLM reported at start-up.
+# The default table was measured on an AVX-512 EPYC (vLLM-CPU starts fp8 KV only with AVX-512
+# or AMX); its analysis goes beside that machine's other results.
+DEFAULT_OUT = results("precision", "epyc_avx512_2core", "precision")
+# output_token_rate: tokens generated inside the window per second (the request-count
+# output_tok_s moves in steps of whole requests and cannot tell close configurations apart);
+# kv_cache_tokens: the KV capacity vLLM reported at start-up.
 METRICS = ["output_token_rate", "p50_e2e_s", "p99_e2e_s", "p50_ttft_s", "p99_ttft_s",
            "p50_tpot_s", "kv_cache_tokens"]  # fmt: skip
 BATCH = "max_num_seqs"
@@ -84,7 +85,7 @@ def summarize(frame: pd.DataFrame) -> dict[str, Any]:
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--csv", type=Path, default=GRIDS["precision"].csv)
-    p.add_argument("--out", type=Path, default=DEFAULT_OUT / "precision_avx512")
+    p.add_argument("--out", type=Path, default=DEFAULT_OUT, help="writes <out>.json and .md")
     return p.parse_args(argv)
 
 

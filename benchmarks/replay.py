@@ -1,10 +1,11 @@
 """Replay search strategies against a measured table instead of starting servers.
 
-A "trial" looks its configuration up in a table of real measurements (benchmarks/measure_grid.py)
+A "trial" looks its configuration up in a table of real measurements (benchmarks.measure_grid)
 and returns one of that configuration's repeats, drawn at random, so the strategies see the real
-run-to-run noise. The staged and joint strategies are tuner's own :class:`~tuner.study.runner.StudyRunner`
-(samplers from the registry, search_space, evaluation, the acceptance rule, a real Optuna storage)
-with the lookup as its ``trial_fn`` (:func:`lookup_trials`) instead of tuner.trial.run_trial.
+run-to-run noise. The staged and joint strategies are tuner's own :class:`tuner.StudyRunner`
+(samplers from the registry, search_space, evaluation, the acceptance rule, a real Optuna
+storage) with the lookup as its ``trial_fn`` (:func:`lookup_trials`) instead of
+:func:`tuner.run_trial`.
 The full grid in vLLM auto_tune's order, and vLLM's defaults alone, need no sampler and are
 plain loops.
 
@@ -17,7 +18,13 @@ Each run is scored against the table's *truth* (every configuration's mean over 
 - hypervolume after t launches: the true (P99 E2E, output tok/s) of every configuration launched
   so far (failed ones excluded), relative to the hypervolume of the whole grid.
 
-    .venv/bin/python benchmarks/replay.py --seeds 20          # writes benchmarks/results/replay*
+    .venv/bin/python -m benchmarks.replay     # the first table, the README's strategies
+    .venv/bin/python -m benchmarks.replay --csv benchmarks/data/grid_vllm_cpu_avx512.csv \
+        --stages runtime batching --only staged
+
+writes ``replay.json``, ``replay_summary.md`` and ``landscape.md`` to
+``benchmarks/results/search_efficiency/replay/<table>[_slo_<s>]_<first stage>_first/`` unless
+``--out`` says otherwise.
 """
 
 from __future__ import annotations
@@ -33,20 +40,17 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import optuna
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-import optuna  # noqa: E402
-
-from benchmarks.landscape import (  # noqa: E402
+from benchmarks.landscape import (
     Landscape,
     Measured,
     landscape_rows,
     median_slo,
     reference,
 )
-from benchmarks.lookup import (  # noqa: E402
+from benchmarks.layout import DATA, ROOT, results, table_id
+from benchmarks.lookup import (
     StudyStrategy,
     count_fallbacks,
     lookup_trials,
@@ -55,7 +59,7 @@ from benchmarks.lookup import (  # noqa: E402
     run_study,
     study_config,
 )
-from benchmarks.scoring import (  # noqa: E402
+from benchmarks.scoring import (
     Launch,
     RunTrace,
     aggregate,
@@ -63,23 +67,13 @@ from benchmarks.scoring import (  # noqa: E402
     markdown,
     summarize_run,
 )
-from tuner.cli import compose  # noqa: E402
-from tuner.config import (  # noqa: E402
-    NOISE_RULES,
-    ParamSpec,
-    TunerConfig,
-)
+from tuner import NOISE_RULES, ParamSpec, TunerConfig, compose
 
-# Re-exported for tests/unit/test_replay.py and test_study.py, which load this script alone.
+# Re-exported for tests/unit/test_replay.py and test_study.py, which reach the harness here.
 __all__ = ["Measured", "StudyStrategy", "count_fallbacks", "lookup_trials", "outcome_of",
            "run_study", "study_config"]  # fmt: skip
 
-DEFAULT_CSV = ROOT / "benchmarks" / "data" / "grid_vllm_cpu.csv"
-DEFAULT_OUT = ROOT / "benchmarks" / "results"
-WINDOW_S = 10.0  # the grid's window: only used to rebuild counts from rates
-# The study's SQLite file: in memory-backed /dev/shm when there is one (a commit there costs
-# microseconds; on a busy disk each of a run's ~1,000 commits waited ~15 ms for fsync).
-SCRATCH = "/dev/shm" if Path("/dev/shm").is_dir() else None
+DEFAULT_CSV = DATA / "grid_vllm_cpu.csv"
 
 
 # ---- a run ------------------------------------------------------------------------------
@@ -125,6 +119,27 @@ def default_strategies(
 
 # --search-window: whether the acceptance rule counts the stage winner's search window
 SEARCH_WINDOW = {"count": True, "drop": False}
+
+# Named sets for --only: the strategies the README's figures replay, so that each figure's
+# command stays one line. "standard" is every sampler staged and joint at the budgets the
+# README compares; "acceptance" the four whose hand-overs the acceptance settings change.
+STAGED = [f"staged_{s}_{n}" for s in ("tpe", "gp") for n in ("4", "8", "4_refine_4")]
+STRATEGY_SETS: dict[str, list[str]] = {
+    "standard": [*STAGED, *(f"joint_{s}_10" for s in ("tpe", "gp", "nsga2", "random"))],
+    "staged": STAGED,
+    "staged_4": ["staged_tpe_4", "staged_gp_4"],
+    "acceptance": ["staged_tpe_4", "staged_gp_4", "joint_tpe_10", "joint_gp_10"],
+}
+
+
+def chosen(strategies: Sequence[StudyStrategy], only: Sequence[str]) -> list[StudyStrategy]:
+    """The strategies named in ``only`` (names or STRATEGY_SETS), in the order built; a name
+    that these options do not build is an error, not an empty replay."""
+    names = {n for name in only for n in STRATEGY_SETS.get(name, [name])}
+    missing = names - {s.name for s in strategies}
+    if missing:
+        raise SystemExit(f"--only: {sorted(missing)} not built by these --*-trials/--*-samplers")
+    return [s for s in strategies if s.name in names]
 
 
 def with_settings(
@@ -195,7 +210,7 @@ def explain(
     land: Landscape, base: TunerConfig, groups: Mapping[str, Sequence[str]],
     strategies: Sequence[StudyStrategy], seeds: int, slo: float | None,
 ) -> int:  # fmt: skip
-    """Why each run handed over what it did: the diagnosis behind benchmarks/README.md §2 b."""
+    """Why each run handed over what it did: its launches, observations and stage decisions."""
     ref = reference(land, slo if slo is not None else median_slo(land))
     space = categorical_space(land, groups)
     for seed in range(seeds):
@@ -210,7 +225,7 @@ def base_config() -> TunerConfig:
 
     warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
     warnings.filterwarnings("ignore", category=FutureWarning)
-    # StudyRunner records heartbeats around ask/tell trials on purpose (tuner/storage.py).
+    # StudyRunner records heartbeats around its ask/tell trials on purpose: not a mistake here.
     warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used")
     return compose([])
 
@@ -218,7 +233,7 @@ def base_config() -> TunerConfig:
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--csv", type=Path, default=DEFAULT_CSV)
-    p.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    p.add_argument("--out", type=Path, default=None, help="default: see the module's docstring")
     p.add_argument("--seeds", type=int, default=20)
     p.add_argument(
         "--throughput",
@@ -230,7 +245,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--joint-trials",
         type=int,
         nargs="+",
-        default=[10, 20],
+        default=[10],
         help="study.trials_per_stage of the joint runs (each sampler at each value)",
     )
     p.add_argument(
@@ -243,7 +258,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--staged-samplers",
         nargs="+",
-        default=["tpe"],
+        default=["tpe", "gp"],
         help="samplers of the staged runs (each at each --staged-trials value)",
     )
     p.add_argument("--refine-trials", type=int, default=4, help="study.refine_trials; 0: none")
@@ -252,18 +267,22 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         nargs="+",
         choices=list(GROUPS),
         default=list(GROUPS),
-        help="the staged runs' stage order (default: batching, runtime: §1-§2's replays)",
+        help="the staged runs' stage order (default: batching first, the order the first "
+        "replays used; tuner's own default is runtime first)",
     )
-    p.add_argument("--only", nargs="+", default=None, help="run only these StudyRunner strategies")
+    p.add_argument(
+        "--only", nargs="+", default=["standard"],
+        help=f"StudyRunner strategies to run, by name or set ({', '.join(STRATEGY_SETS)})",
+    )  # fmt: skip
     # Acceptance settings: each value after the default replays every strategy again.
-    for flag, values, key, section in (
-        ("--noise", list(NOISE_RULES), "study.noise", "§13"),
-        ("--search-window", list(SEARCH_WINDOW), "study.count_search_window", "§14"),
+    for flag, values, key in (
+        ("--noise", list(NOISE_RULES), "study.noise"),
+        ("--search-window", list(SEARCH_WINDOW), "study.count_search_window"),
     ):
         p.add_argument(
             flag, nargs="+", choices=values, default=values[:1],
             help=f"{key} of the StudyRunner runs; each value after {values[0]!r} adds every "
-            f"strategy again, named <strategy>_<value> (benchmarks/README.md {section})",
+            "strategy again, named <strategy>_<value>, on the same seeds",
         )  # fmt: skip
     p.add_argument("--repeats", type=int, default=2, help="study.repeats of the StudyRunner runs")
     p.add_argument(
@@ -282,6 +301,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 GROUPS = {"batching": ["max_num_seqs", "max_num_batched_tokens"], "runtime": ["enforce_eager"]}
 
 
+def default_out(csv: Path, stages: Sequence[str], slo: float | None) -> Path:
+    """results/search_efficiency/replay/<table>[_slo_<s>]_<first stage>_first."""
+    name = table_id(csv) + ("" if slo is None else f"_slo_{slo:g}")
+    return results("search_efficiency", "replay", f"{name}_{stages[0]}_first")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     base = base_config()
@@ -293,8 +318,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     strategies = default_strategies(
         args.joint_trials, args.staged_trials, args.refine_trials, args.staged_samplers
     )
-    if args.only:
-        strategies = [s for s in strategies if s.name in args.only]
+    strategies = chosen(strategies, args.only)
     strategies = with_settings(
         strategies, args.noise, args.search_window, args.repeats, args.baseline_measurements
     )
@@ -308,11 +332,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     result["reference"]["table"] = str(args.csv.relative_to(ROOT) if args.csv.is_absolute()
                                        and args.csv.is_relative_to(ROOT) else args.csv)  # fmt: skip
     result["elapsed_s"] = round(time.monotonic() - t0, 1)
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "replay.json").write_text(json.dumps(result, indent=1, default=str) + "\n")
+    out = args.out or default_out(args.csv, args.stages, args.slo)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "replay.json").write_text(json.dumps(result, indent=1, default=str) + "\n")
     print(json.dumps({k: v for k, v in result["reference"].items()}, default=str))
-    (args.out / "replay_summary.md").write_text(markdown(result["summary"]) + "\n")
-    (args.out / "landscape.md").write_text(markdown(result["landscape"]) + "\n")
+    (out / "replay_summary.md").write_text(markdown(result["summary"]) + "\n")
+    (out / "landscape.md").write_text(markdown(result["landscape"]) + "\n")
     print(json.dumps(result["noise"]))
     print(markdown(result["landscape"]))
     print(markdown(result["summary"]))

@@ -6,10 +6,10 @@ default on a CPU server: 128 sequences, 2048 batched tokens). Rows of a grid tab
 (``measure_grid.py``, any grid with these columns) fall into twin groups by (eager,
 min(max_num_seqs, C), max_num_batched_tokens); each group's spread of mean token rates is
 the landscape's resolution, which the spread between one configuration's repeats understates
-when the whole machine drifts (§11). Compiled servers are left out: their compiled batch
-sizes follow max_num_seqs.
+when the whole machine drifts (a slower repeat moves every configuration measured in it).
+Compiled servers are left out: their compiled batch sizes follow max_num_seqs.
 
-    .venv/bin/python benchmarks/resolution.py benchmarks/data/twins_vllm_cpu_zen4.csv
+    .venv/bin/python -m benchmarks.resolution benchmarks/data/twins_vllm_cpu_zen4.csv
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ from benchmarks.landscape import (
     Reference,
     hypervolume,
 )
-from tuner.study.acceptance import Decision
+from tuner import Decision
 
 TARGET = 0.97
 HV_AT = (5, 10, 20)
@@ -49,7 +49,7 @@ class RunTrace:
     decisions: list[str] = field(default_factory=list)  # each stage's decision, one line each
 
     def explain(self) -> str:
-        """What the run launched, what it observed, and what it decided (replay.py --explain)."""
+        """What the run launched, what it observed, and what it decided (replay --explain)."""
         lines = [f"{self.strategy} seed {self.seed}:"]
         for launch in self.launches:
             o = launch.observed
@@ -104,8 +104,8 @@ def baseline_launches(trace: RunTrace) -> int:
 
 def without_baseline(t: int | None, stored: int) -> int | None:
     """Launches to 97 % for a study that reuses a stored baseline of the same fingerprint
-    (tuner.study.runner: one per host, model, workload): the baseline's launches cost nothing; 0 when
-    the stored baseline itself is the answer."""
+    (a study stores one per host, model, workload and fixed args): the baseline's launches cost
+    nothing; 0 when the stored baseline itself is the answer."""
     return None if t is None else max(0, t - stored)
 
 

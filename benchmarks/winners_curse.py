@@ -1,32 +1,28 @@
-"""§14's simulation: how often a stage hands over its winner, with and without the winner's
-search window among the winner's measurements (``study.count_search_window``).
+"""The winner's curse, simulated: how often a stage hands over its winner, with and without
+the winner's search window among the winner's measurements (``study.count_search_window``).
 
 A stage measures ``k`` configurations once each (the search); the best window wins. Each of
 them is truly ``gain`` better than the incumbent, with log-normal noise of ``cv`` in every
 window. The incumbent has ``baselines`` windows plus ``repeats`` interleaved re-measurements,
 the winner its ``repeats`` fresh windows and, when counted, its search window: the maximum of
-``k`` draws, which reads high. :func:`tuner.study.acceptance.decide` judges them with the pooled rule
-at tuner's default ``min_gain`` of 3 %. No server, no table: seconds.
+``k`` draws, which reads high. :func:`tuner.decide` judges them with the pooled rule at
+tuner's default ``min_gain`` of 3 %. No server, no table: seconds.
 
-    .venv/bin/python benchmarks/winners_curse.py  # → results/window/simulated.md
+    .venv/bin/python -m benchmarks.winners_curse  # → results/acceptance/simulation/winners_curse.md
 """
 
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+import numpy as np
 
-import numpy as np  # noqa: E402
+from benchmarks.layout import results
+from benchmarks.scoring import markdown
+from tuner import Comparison, NoiseEstimate, decide
 
-from benchmarks.scoring import markdown  # noqa: E402
-from tuner.study.acceptance import Comparison, decide  # noqa: E402
-from tuner.study.noise import NoiseEstimate  # noqa: E402
-
-OUT = ROOT / "benchmarks/results/window/simulated.md"
+OUT = results("acceptance", "simulation", "winners_curse.md")
 BUDGETS = {"default": (3, 2), "quickstart": (2, 1)}  # (baseline windows, repeats)
 GAINS = (-0.05, 0.0, 0.10, 0.20)
 CVS = (0.05, 0.10)

@@ -1,5 +1,5 @@
-"""A small synthetic grid table in benchmarks/measure_grid.py's CSV format, and the replay
-harness (benchmarks/replay.py) loaded as a module: 2 params x 3 values with known answers.
+"""A small synthetic grid table in benchmarks.measure_grid's CSV format, and the replay
+harness (benchmarks.replay): 2 params x 3 values with known answers.
 
 Throughput grows with both params, latency too; two repeats per configuration differ by 1 %,
 far less than the gaps between configurations.
@@ -8,12 +8,10 @@ far less than the gaps between configurations.
 from __future__ import annotations
 
 import csv
-import importlib.util
-import sys
+import importlib
 from pathlib import Path
 from types import ModuleType
 
-ROOT = Path(__file__).resolve().parents[2]
 GROUPS = {"first": ["max_num_seqs"], "second": ["max_num_batched_tokens"]}
 PARAMS = [p for ps in GROUPS.values() for p in ps]
 SEQS, TOKENS = [4, 16, 64], [512, 2048, 8192]
@@ -22,12 +20,8 @@ DEFAULTS = {"max_num_seqs": 4, "max_num_batched_tokens": 512}
 
 
 def load_replay() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("bench_replay", ROOT / "benchmarks/replay.py")
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["bench_replay"] = module
-    spec.loader.exec_module(module)
-    return module
+    """The replay harness, imported as the package module it is run as."""
+    return importlib.import_module("benchmarks.replay")
 
 
 def write_table(path: Path) -> Path:

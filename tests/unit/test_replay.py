@@ -216,7 +216,7 @@ def test_acceptance_rules_puts_each_strategys_two_settings_side_by_side() -> Non
         "runs": [run("s", 0, 1.0, 0, "a"), run("s", 1, 0.8, 0, "b"),
                  run("s_drop", 0, 1.0, 0, "a"), run("s_drop", 1, 0.6, 2, "c")],
     }  # fmt: skip
-    (row,) = pairs(result, "here", SETTINGS["window"])  # "lone" has no counterpart
+    (row,) = pairs(result, "here", SETTINGS["search_window"])  # "lone" has no counterpart
     assert row["strategy"] == "s" and row["seeds_differing"] == 1
     assert row["worse_switches"] == "0 \\| 2"
     assert row["mean_final_score"] == "0.900 \\| 0.800"
