@@ -33,11 +33,11 @@ _OWNERS: dict[str, str] = {
     "TunerError": "tuner.errors",
     "ConfigError": "tuner.errors",
     # measurement
-    "Measurements": "tuner.measure",
-    "MetricStats": "tuner.measure",
-    "measure": "tuner.measure",
-    "token_rate": "tuner.measure",
-    "window_slices": "tuner.measure",
+    "Measurements": "tuner.measurement",
+    "MetricStats": "tuner.measurement",
+    "measure": "tuner.measurement",
+    "token_rate": "tuner.measurement",
+    "window_slices": "tuner.measurement",
     "RequestRecord": "tuner.records",
     "read_records": "tuner.records",
     # scoring
@@ -81,6 +81,7 @@ _OWNERS: dict[str, str] = {
     "Role": "tuner.schema",
     "StudyAttr": "tuner.schema",
     "TrialAttr": "tuner.schema",
+    "TrialStatus": "tuner.schema",
 }
 
 __all__ = [
@@ -116,6 +117,7 @@ __all__ = [
     "TrialAttr",
     "TrialFn",
     "TrialOutcome",
+    "TrialStatus",
     "TunerConfig",
     "TunerError",
     "WorkloadConfig",
@@ -166,11 +168,11 @@ if TYPE_CHECKING:  # the same names, eagerly, for type checkers and IDEs
     from tuner.launch import LaunchSpec
     from tuner.loadgen import LocustLoadGenerator, Target
     from tuner.loadgen.workload import build_plan
-    from tuner.measure import Measurements, MetricStats, measure, token_rate, window_slices
+    from tuner.measurement import Measurements, MetricStats, measure, token_rate, window_slices
     from tuner.outcome import TrialOutcome
     from tuner.paths import StudyPaths
     from tuner.records import RequestRecord, read_records
-    from tuner.schema import Role, StudyAttr, TrialAttr
+    from tuner.schema import Role, StudyAttr, TrialAttr, TrialStatus
     from tuner.scoring.objective import (
         MAXIMIZE,
         MINIMIZE,

@@ -14,7 +14,7 @@ from typing import Any
 
 from tuner.errors import ArtifactError
 from tuner.launch import LaunchSpec
-from tuner.measure import Measurements
+from tuner.measurement import Measurements
 from tuner.quality import QualityResult
 from tuner.schema import TrialStatus
 from tuner.server import ServerInfo

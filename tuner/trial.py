@@ -20,7 +20,7 @@ from tuner.errors import LoadGenError, ServerError
 from tuner.host import placement
 from tuner.loadgen import LoadResult, Target, get_load_generator
 from tuner.loadgen.workload import build_plan
-from tuner.measure import Measurements, measure, span_means
+from tuner.measurement import Measurements, measure, span_means
 from tuner.outcome import (
     REASON_LOADGEN,
     REASON_NO_COMPLETED,

@@ -17,7 +17,7 @@ import pytest
 from tuner.cli import compose
 from tuner.config import SloConfig, TunerConfig
 from tuner.loadgen.base import Target
-from tuner.measure import measure
+from tuner.measurement import measure
 from tuner.quality import (
     QualityConfig,
     QualityOutputs,

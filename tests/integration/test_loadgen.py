@@ -23,7 +23,7 @@ from tuner.config import SloConfig
 from tuner.config.workload import LengthDist, RequestClass, WorkloadConfig
 from tuner.errors import ConfigError, LoadGenError
 from tuner.loadgen import LoadResult, LocustLoadGenerator, Target, get_load_generator
-from tuner.measure import measure
+from tuner.measurement import measure
 from tuner.records import (
     ERROR_CONNECTION,
     ERROR_HTTP,

@@ -33,7 +33,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("trial", "outcome"),
     ("server", "loadgen", "telemetry", "quality"),
     ("scoring",),
-    ("measure", "search", "host"),
+    ("measurement", "search", "host"),
     ("records", "launch", "paths", "redact", "schema"),
     ("config",),
     ("errors",),

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from tuner.config import SloConfig
-from tuner.measure import (
+from tuner.measurement import (
     MIN_SAMPLES_P99_CI,
     Measurements,
     MetricStats,

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from tuner.config import SloConfig
 from tuner.launch import LaunchSpec
-from tuner.measure import measure
+from tuner.measurement import measure
 from tuner.outcome import TrialOutcome, TrialPlacement, Window
 from tuner.quality import QualityResult
 from tuner.records import RequestRecord

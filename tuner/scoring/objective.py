@@ -1,6 +1,6 @@
 """The Objective / Constraint seam: measurements → the numbers Optuna optimises.
 
-An :class:`Objective` turns one trial's :class:`~tuner.measure.Measurements` into a float that
+An :class:`Objective` turns one trial's :class:`~tuner.measurement.Measurements` into a float that
 Optuna minimises or maximises; a :class:`Constraint` turns them into a violation (> 0 violated,
 <= 0 satisfied) that Optuna 5 stores with ``trial.set_constraint`` (or a ``constraints_func``)
 and that TPE, GP and NSGA-II use to steer away from infeasible regions.
@@ -39,7 +39,7 @@ from typing import ClassVar, Literal, TypeVar
 
 from tuner.config import CostConfig, ObjectivesConfig, SloConfig
 from tuner.errors import ConfigError
-from tuner.measure import Measurements
+from tuner.measurement import Measurements
 from tuner.scoring.feasibility import meets
 
 # Literal, so that a list of directions goes to optuna.create_study as it is typed there.
