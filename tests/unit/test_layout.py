@@ -175,3 +175,61 @@ def test_only_public_optuna_apis() -> None:
                 if PRIVATE_OPTUNA.search(line):
                     bad.append(f"{path.relative_to(ROOT)}:{number}: {line.strip()}")
     assert not bad, "private Optuna attributes:\n" + "\n".join(bad)
+
+
+ATTR_CALLS = {"set_user_attr", "set_trial_user_attr", "set_system_attr"}
+STUDY_NAME_PARTS = re.compile(r"^baseline:$|^:confirm$")
+
+
+def _schema_literals(path: Path) -> Iterator[tuple[int, str]]:
+    """String literals used as attribute keys or study-name parts (tuner.schema's job)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            first = node.args[0] if node.args else None
+            reads = node.func.attr == "get" and _is_user_attrs(node.func.value)
+            if (node.func.attr in ATTR_CALLS or reads) and _is_str(first):
+                yield node.lineno, f"attr key {first.value!r}"  # type: ignore[union-attr]
+            for kw in node.keywords:
+                if kw.arg in ("user_attrs", "system_attrs") and isinstance(kw.value, ast.Dict):
+                    keys = [k for k in kw.value.keys if _is_str(k)]
+                    yield from ((node.lineno, f"attr key {k.value!r}") for k in keys)  # type: ignore[union-attr]
+        elif isinstance(node, ast.Subscript) and _is_user_attrs(node.value) and _is_str(node.slice):
+            yield node.lineno, f"attr key {node.slice.value!r}"  # type: ignore[attr-defined]
+        elif isinstance(node, ast.Compare) and _is_str(node.left) and _in_attrs(node):
+            yield node.lineno, f"attr key {node.left.value!r}"  # type: ignore[attr-defined]
+        elif _is_str(node) and STUDY_NAME_PARTS.search(node.value):  # type: ignore[attr-defined]
+            # the pieces of f"baseline:{key}" and f"{name}:confirm"
+            yield node.lineno, f"study name part {node.value!r}"  # type: ignore[attr-defined]
+
+
+def _is_str(node: ast.AST | None) -> bool:
+    return isinstance(node, ast.Constant) and isinstance(node.value, str)
+
+
+def _in_attrs(node: ast.Compare) -> bool:
+    return any(_is_user_attrs(c) for c in node.comparators)
+
+
+def _is_user_attrs(node: ast.AST) -> bool:
+    return isinstance(node, ast.Attribute) and node.attr in ("user_attrs", "system_attrs", "attrs")
+
+
+def test_study_names_and_attribute_keys_are_spelled_only_in_schema() -> None:
+    bad = [
+        f"{path.relative_to(ROOT)}:{line}: {what}"
+        for path in sorted(PACKAGE.rglob("*.py"))
+        if path != PACKAGE / "schema.py"
+        for line, what in _schema_literals(path)
+    ]
+    assert not bad, "name these through tuner.schema:\n" + "\n".join(bad)
+
+
+def test_the_schema_check_sees_a_literal_key(tmp_path: Path) -> None:
+    sample = tmp_path / "sample.py"
+    sample.write_text(
+        "t.set_user_attr('role', 1)\nx = t.user_attrs.get('stage')\ny = t.user_attrs['folder']\n"
+        "z = 'decision' in s.user_attrs\nname = f'{n}:confirm'\n"
+    )
+    found = [what for _, what in _schema_literals(sample)]
+    assert len(found) == 5, found

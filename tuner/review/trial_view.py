@@ -90,8 +90,7 @@ class TrialView:
 
     @property
     def telemetry(self) -> dict[str, Any]:
-        stored = self.attrs.get("telemetry")
-        return dict(stored) if isinstance(stored, dict) else dict(self.result.get("telemetry", {}))
+        return dict(self.result.get("telemetry", {}))
 
 
 def nondominated(values: np.ndarray, directions: list[str]) -> list[int]:
