@@ -1,0 +1,211 @@
+"""A GPU landscape: one true measurement per configuration, noise drawn per launch, and its score.
+
+The CPU tables (benchmarks.landscape) hold measured repeats and score output tok/s under a P99
+E2E SLO. Here each configuration has one *truth* (a silicon measurement or an estimate turned
+into a client's view by benchmarks.queueing) and every launch sees it through multiplicative
+noise at a stated coefficient of variation: independent factors ``max(0.05, 1 + cv * z)``,
+``z ~ N(0, 1)``, one for the throughput (tokens and requests), one for TTFT, one for TPOT and
+E2E. The objective is output tokens/s per GPU (TP) under P99 TTFT and P99 TPOT SLOs; the
+hypervolume is over (tok/s per GPU, tok/s per user), both maximised, from (0, 0).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+from optuna._hypervolume import compute_hypervolume
+
+from benchmarks.landscape import Key, Landscape, Measured
+from benchmarks.queueing import Served
+from benchmarks.scoring import (
+    HV_AT,
+    TARGET,
+    RunTrace,
+    baseline_launches,
+    first_reaching,
+    without_baseline,
+    worse_switches,
+)
+
+GPU_PARAM = "tensor_parallel_size"
+WINDOW_S = 60.0  # a GPU study's window: only sets the request count of a replayed outcome
+
+
+def measured(served: Served | None, reason: str = "does_not_fit") -> Measured:
+    """A client's measurement of one server (a failed start when ``served`` is None)."""
+    if served is None:
+        none = dict.fromkeys(
+            ("p50_e2e_s", "p99_e2e_s", "p50_ttft_s", "p99_ttft_s")
+        ) | dict.fromkeys(("p50_tpot_s", "p99_tpot_s"))
+        return Measured(False, reason, **none, output_tok_s=0.0, request_per_s=0.0,
+                        error_rate=1.0, completed=0, failed=0)  # fmt: skip
+    return Measured(
+        ok=True, reason="",
+        p50_e2e_s=served.p50_e2e_s, p99_e2e_s=served.p99_e2e_s,
+        p50_ttft_s=served.p50_ttft_s, p99_ttft_s=served.p99_ttft_s,
+        p50_tpot_s=served.tpot_s, p99_tpot_s=served.tpot_s,
+        output_tok_s=served.output_tok_s, request_per_s=served.request_per_s, error_rate=0.0,
+        completed=max(1, round(served.request_per_s * WINDOW_S)), failed=0,
+    )  # fmt: skip
+
+
+@dataclass(frozen=True)
+class GpuSlo:
+    p99_ttft_s: float
+    p99_tpot_s: float
+
+    def met(self, m: Measured) -> bool:
+        return (
+            m.ok
+            and (m.p99_ttft_s or math.inf) <= self.p99_ttft_s
+            and (m.p99_tpot_s or math.inf) <= self.p99_tpot_s
+        )
+
+
+class GpuLandscape(Landscape):
+    """``{key: [truth]}`` with per-launch multiplicative noise at ``cv``."""
+
+    def __init__(
+        self, params: Sequence[str], table: Mapping[Key, Measured], defaults: Mapping[str, Any],
+        cv: float = 0.0,
+    ) -> None:  # fmt: skip
+        super().__init__(params, {k: [m] for k, m in table.items()}, defaults)
+        self.cv = cv
+
+    def with_noise(self, cv: float) -> GpuLandscape:
+        return GpuLandscape(self.params, self.truths(), self.defaults, cv)
+
+    def truths(self) -> dict[Key, Measured]:
+        return {k: reps[0] for k, reps in self.table.items()}
+
+    def true(self, key: Key) -> Measured:
+        return self.table[key][0]
+
+    def gpus(self, key: Key) -> int:
+        return int(self.params_of(key).get(GPU_PARAM) or 1)
+
+    def per_gpu(self, key: Key, m: Measured | None = None) -> float:
+        return (m or self.true(key)).output_tok_s / self.gpus(key)
+
+    def per_user(self, key: Key) -> float:
+        tpot = self.true(key).p50_tpot_s
+        return 1.0 / tpot if tpot else 0.0
+
+    def draw(self, key: Key, rng: np.random.Generator) -> Measured:
+        m = super().draw(key, rng)
+        if not m.ok or self.cv == 0:
+            return m
+        tok, ttft, tpot = (max(0.05, 1 + self.cv * z) for z in rng.standard_normal(3))
+        return replace(
+            m,
+            output_tok_s=m.output_tok_s * tok, request_per_s=m.request_per_s * tok,
+            p50_ttft_s=_times(m.p50_ttft_s, ttft), p99_ttft_s=_times(m.p99_ttft_s, ttft),
+            p50_tpot_s=_times(m.p50_tpot_s, tpot), p99_tpot_s=_times(m.p99_tpot_s, tpot),
+            p50_e2e_s=_times(m.p50_e2e_s, tpot), p99_e2e_s=_times(m.p99_e2e_s, tpot),
+        )  # fmt: skip
+
+
+def _times(value: float | None, factor: float) -> float | None:
+    return None if value is None else value * factor
+
+
+# ---- the reference -------------------------------------------------------------------------
+@dataclass
+class GpuReference:
+    slo: GpuSlo
+    best_key: Key
+    best_value: float  # true tok/s per GPU of the grid's best feasible configuration
+    feasible_share: float
+    defaults_score: float  # vLLM's defaults at their true value / the best (0: infeasible)
+    hv_grid: float
+
+
+def median_slo(land: GpuLandscape) -> GpuSlo:
+    """The median P99 TTFT and P99 TPOT over the configurations that start."""
+    ok = [land.true(k) for k in land.grid_keys() if land.true(k).ok]
+    return GpuSlo(
+        float(np.median([m.p99_ttft_s for m in ok])), float(np.median([m.p99_tpot_s for m in ok]))
+    )
+
+
+def reference(land: GpuLandscape, slo: GpuSlo) -> GpuReference:
+    grid = land.grid_keys()
+    feasible = [k for k in grid if slo.met(land.true(k))]
+    if not feasible:
+        raise SystemExit(f"no configuration meets {slo}")
+    best = max(feasible, key=land.per_gpu)
+    ref = GpuReference(slo, best, land.per_gpu(best), len(feasible) / len(grid), 0.0, 0.0)
+    ref.defaults_score = score(land, ref, land.key({}))
+    ref.hv_grid = hypervolume(land, grid)
+    return ref
+
+
+def hypervolume(land: GpuLandscape, keys: Sequence[Key]) -> float:
+    """HV of (tok/s per GPU, tok/s per user) over configurations that started, from (0, 0)."""
+    pts = [(land.per_gpu(k), land.per_user(k)) for k in set(keys) if land.true(k).ok]
+    if not pts:
+        return 0.0
+    return float(compute_hypervolume(-np.array(pts), np.zeros(2)))
+
+
+# ---- scoring a run ---------------------------------------------------------------------------
+def score(land: GpuLandscape, ref: GpuReference, key: Key | None) -> float:
+    """True tok/s per GPU over the best feasible one; 0 if nothing or truly infeasible."""
+    if key is None or not ref.slo.met(land.true(key)):
+        return 0.0
+    return land.per_gpu(key) / ref.best_value
+
+
+def best_observed(trace: RunTrace, land: GpuLandscape, slo: GpuSlo) -> list[Key | None]:
+    """After each launch: the best launch so far that *observed* its SLOs met."""
+    out: list[Key | None] = []
+    best: tuple[float, Key] | None = None
+    for launch in trace.launches:
+        value = land.per_gpu(launch.key, launch.observed)
+        if slo.met(launch.observed) and (best is None or value > best[0]):
+            best = (value, launch.key)
+        out.append(best[1] if best else None)
+    return out
+
+
+def summarize_run(trace: RunTrace, land: GpuLandscape, ref: GpuReference) -> dict[str, Any]:
+    """The columns of benchmarks.scoring.summarize_run, scored per GPU, plus the hand-over
+    against vLLM's defaults (the study's baseline): strictly worse, and worse by > 3 %."""
+    scores = [score(land, ref, k) for k in trace.selected]
+    reached = first_reaching(scores)
+    seen = first_reaching([score(land, ref, k) for k in best_observed(trace, land, ref.slo)])
+    stored = baseline_launches(trace)
+    last = trace.selected[-1] if trace.selected else None
+    final = scores[-1] if scores else 0.0
+    row: dict[str, Any] = {
+        "strategy": trace.strategy, "seed": trace.seed, "launches": len(trace.launches),
+        "baseline_launches": stored, "trials_to_97": reached, "trials_to_97_seen": seen,
+        "trials_to_97_stored_baseline": without_baseline(reached, stored),
+        "trials_to_97_seen_stored_baseline": without_baseline(seen, stored),
+        "final_score": round(final, 4),
+        "worse_switches": worse_switches(trace.selected, scores),
+        "final_config": None if last is None else land.params_of(last),
+        "distinct_configs": len({launch.key for launch in trace.launches}),
+        "failed_launches": sum(not launch.observed.ok for launch in trace.launches),
+        "stopped": trace.stopped, "independent_samples": trace.independent_samples,
+        "worse_than_defaults": final < ref.defaults_score - 1e-9,
+        "worse_than_defaults_3pct": final < ref.defaults_score - (1 - TARGET),
+    }  # fmt: skip
+    for t in HV_AT:
+        row[f"hv_at_{t}"] = round(
+            hypervolume(land, [launch.key for launch in trace.launches[:t]]) / ref.hv_grid, 4
+        )
+    return row
+
+
+def handed_worse(rows: Sequence[dict[str, Any]], key: str) -> str:
+    return f"{sum(1 for r in rows if r[key])}/{len(rows)}"
+
+
+def median_launches(rows: Sequence[dict[str, Any]]) -> float:
+    return float(statistics.median(r["launches"] for r in rows))

@@ -1,0 +1,218 @@
+"""Search efficiency on GPU landscapes: tuner's StudyRunner against random search and the grid.
+
+A landscape is a silicon table (benchmarks.silicon: AIConfigurator's shipped vLLM measurements)
+or an estimated one (benchmarks.estimated: AIConfigurator's estimates through the queueing
+model of benchmarks.queueing); every launch sees its configuration's truth through
+multiplicative noise at each ``--cv``. The objective is output tok/s per GPU
+(objectives/fleet.py) under P99 TTFT and P99 TPOT SLOs, by default each the landscape's median
+over the configurations that start (vLLM's defaults then miss one of them, see the summary).
+
+Arms, side by side on the same seeds: vLLM's defaults alone; the grid in vLLM auto_tune's nested
+order; random search (the grid in a random order, the best observed launch handed over);
+tuner staged in the default stage order (conf/study/llama70b_8xh200.yaml's) and in the other
+orders of ``--orders``; tuner joint. Tuner arms are a real :class:`tuner.StudyRunner` (3 baseline
+launches, 2 interleaved confirmation repeats, the acceptance rule) whose trial function looks
+the launch up (benchmarks.lookup). Scored as benchmarks.scoring does, per GPU.
+
+    .venv/bin/python -m benchmarks.gpu_replay --landscape llama8b_h100
+    .venv/bin/python -m benchmarks.gpu_replay --landscape llama70b_h200_1k1k --staged-trials 4
+
+writes ``summary.md``, ``landscape.md`` and ``replay.json`` per noise level to
+``benchmarks/results/search_efficiency/gpu/<landscape>/cv_<cv>/``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from benchmarks import estimated, silicon
+from benchmarks.gpu_landscape import (
+    GPU_PARAM,
+    GpuLandscape,
+    GpuReference,
+    GpuSlo,
+    best_observed,
+    handed_worse,
+    median_slo,
+    reference,
+    summarize_run,
+)
+from benchmarks.layout import results
+from benchmarks.lookup import StudyStrategy, run_study
+from benchmarks.replay import base_config, categorical_space
+from benchmarks.scoring import Launch, RunTrace, aggregate, markdown
+from tuner import TunerConfig
+
+# Stage groups, in the default order of conf/study/llama70b_8xh200.yaml (structure first).
+GROUPS = {
+    "parallelism": [GPU_PARAM],
+    "quantization": ["quantization", "kv_cache_dtype"],
+    "memory": ["gpu_memory_utilization"],
+    "batching": ["max_num_seqs", "max_num_batched_tokens"],
+}
+OBJECTIVES = ["output_throughput_per_gpu", "output_throughput_per_user"]
+
+
+def load(name: str) -> GpuLandscape:
+    if name in estimated.SYSTEMS:
+        return estimated.landscape(estimated.SYSTEMS[name])
+    if name in silicon.TABLES:
+        return silicon.landscape(silicon.TABLES[name])
+    raise SystemExit(
+        f"unknown landscape {name!r}: {sorted(estimated.SYSTEMS) + sorted(silicon.TABLES)}"
+    )
+
+
+def groups_of(land: GpuLandscape, order: Sequence[str]) -> dict[str, list[str]]:
+    """The stages in this order, each with the landscape's params (a stage without any is left
+    out: a silicon table has only parallelism and batching)."""
+    out = {g: [p for p in GROUPS[g] if p in land.params] for g in order}
+    return {g: ps for g, ps in out.items() if ps}
+
+
+def gpu_config(land: GpuLandscape, slo: GpuSlo) -> TunerConfig:
+    """compose([]) made a GPU study: objectives per GPU and per user, TTFT and TPOT SLOs, and
+    the defaults' TP as the fixed arg (so the baseline's tok/s is divided by its GPUs)."""
+    config = base_config()
+    config.server.device = "cuda"
+    config.server.args = {GPU_PARAM: land.defaults[GPU_PARAM]}
+    config.objectives.names = list(OBJECTIVES)
+    config.objectives.select_by = OBJECTIVES[0]
+    config.objectives.constraints = ["slo_p99_ttft", "slo_p99_tpot", "error_rate"]
+    config.slo.p99_ttft_s, config.slo.p99_tpot_s = slo.p99_ttft_s, slo.p99_tpot_s
+    return config
+
+
+# ---- the arms that need no sampler -----------------------------------------------------------
+def walk(name: str, land: GpuLandscape, keys: Sequence[Any], seed: int, slo: GpuSlo) -> RunTrace:
+    rng = np.random.default_rng(seed)
+    trace = RunTrace(name, seed, [Launch(name, k, land.draw(k, rng)) for k in keys])
+    trace.selected = best_observed(trace, land, slo)
+    return trace
+
+
+def plain_arms(land: GpuLandscape, seed: int, slo: GpuSlo) -> list[RunTrace]:
+    grid = land.grid_keys()
+    shuffled = [grid[i] for i in np.random.default_rng(10_000 + seed).permutation(len(grid))]
+    return [
+        walk("defaults", land, [land.key({})], seed, slo),
+        walk("grid", land, grid, seed, slo),
+        walk("random", land, shuffled, seed, slo),
+    ]
+
+
+def strategies(
+    land: GpuLandscape, orders: Sequence[Sequence[str]], staged: int, joint: int
+) -> list[tuple[StudyStrategy, dict[str, list[str]]]]:
+    """(strategy, its stage groups): staged TPE in each order, joint TPE over every param."""
+    out = []
+    for order in orders:
+        groups = groups_of(land, order)
+        name = f"staged_tpe_{staged}_" + "-".join(g[:4] for g in groups)
+        out.append((StudyStrategy(name, "staged", "tpe", staged), groups))
+    everything = {"joint": [p for ps in groups_of(land, GROUPS).values() for p in ps]}
+    out.append((StudyStrategy(f"joint_tpe_{joint}", "joint", "tpe", joint), everything))
+    return out
+
+
+Arm = tuple[StudyStrategy, Mapping[str, list[str]]]
+
+
+def replay(land: GpuLandscape, slo: GpuSlo, seeds: int, arms: Sequence[Arm]) -> dict[str, Any]:
+    ref = reference(land, slo)
+    base = gpu_config(land, slo)
+    rows = []
+    for seed in range(seeds):
+        traces = plain_arms(land, seed, slo)
+        for s, groups in arms:
+            traces.append(run_study(land, base, s, categorical_space(land, groups), 0.0, seed))
+        rows += [summarize_run(t, land, ref) for t in traces]
+    summary = aggregate(rows, len(land.grid_keys()))
+    for line in summary:
+        mine = [r for r in rows if r["strategy"] == line["strategy"]]
+        line["worse_than_defaults"] = handed_worse(mine, "worse_than_defaults")
+        line["worse_than_defaults_3pct"] = handed_worse(mine, "worse_than_defaults_3pct")
+    return {"reference": describe(land, ref), "summary": summary, "runs": rows}
+
+
+def describe(land: GpuLandscape, ref: GpuReference) -> dict[str, Any]:
+    return {
+        **asdict(ref), "best_config": land.params_of(ref.best_key), "cv": land.cv,
+        "grid_size": len(land.grid_keys()), "defaults": land.params_of(land.key({})),
+        "failed_starts": sum(not land.true(k).ok for k in land.grid_keys()),
+    }  # fmt: skip
+
+
+def landscape_rows(land: GpuLandscape, slo: GpuSlo) -> list[dict[str, Any]]:
+    rows = []
+    for key in land.grid_keys():
+        m = land.true(key)
+        rows.append({
+            **land.params_of(key), "ok": m.ok, "feasible": slo.met(m),
+            "tok_s_per_gpu": round(land.per_gpu(key), 1),
+            "tok_s_per_user": round(land.per_user(key), 1),
+            "p99_ttft_s": None if m.p99_ttft_s is None else round(m.p99_ttft_s, 3),
+            "p99_tpot_s": None if m.p99_tpot_s is None else round(m.p99_tpot_s, 4),
+        })  # fmt: skip
+    return sorted(rows, key=lambda r: (not r["feasible"], -r["tok_s_per_gpu"]))
+
+
+COLUMNS = [
+    "strategy", "reached_97", "median_trials_to_97", "median_trials_to_97_pct_of_grid",
+    "median_trials_to_97_seen", "median_final_score", "final_feasible", "worse_than_defaults",
+    "worse_than_defaults_3pct", "switched_worse", "median_launches",
+    "median_hv_at_5", "median_hv_at_10", "median_hv_at_20",
+]  # fmt: skip
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--landscape", required=True, help="an estimated system or a silicon table")
+    p.add_argument("--cv", type=float, nargs="+", default=[0.0, 0.02, 0.05])
+    p.add_argument("--seeds", type=int, default=20)
+    p.add_argument("--staged-trials", type=int, default=6, help="study.trials_per_stage, staged")
+    p.add_argument("--joint-trials", type=int, default=24, help="study.trials_per_stage, joint")
+    p.add_argument(
+        "--orders", nargs="+", default=["parallelism,quantization,memory,batching"],
+        help="stage orders of the staged arms, comma-separated; the first is the default",
+    )  # fmt: skip
+    p.add_argument("--slo-ttft", type=float, default=None, help="P99 TTFT SLO (s); default median")
+    p.add_argument("--slo-tpot", type=float, default=None, help="P99 TPOT SLO (s); default median")
+    p.add_argument("--out", type=Path, default=None)
+    return p.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    land = load(args.landscape)
+    med = median_slo(land)
+    slo = GpuSlo(args.slo_ttft or med.p99_ttft_s, args.slo_tpot or med.p99_tpot_s)
+    orders = [o.split(",") for o in args.orders]
+    arms = strategies(land, orders, args.staged_trials, args.joint_trials)
+    out_root = args.out or results("search_efficiency", "gpu", args.landscape)
+    for cv in args.cv:
+        t0 = time.monotonic()
+        result = replay(land.with_noise(cv), slo, args.seeds, arms)
+        result["elapsed_s"] = round(time.monotonic() - t0, 1)
+        out = out_root / f"cv_{cv:g}"
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "replay.json").write_text(json.dumps(result, indent=1, default=str) + "\n")
+        table = markdown([{c: line[c] for c in COLUMNS} for line in result["summary"]])
+        (out / "summary.md").write_text(table + "\n")
+        (out / "landscape.md").write_text(markdown(landscape_rows(land, slo)) + "\n")
+        print(json.dumps({k: v for k, v in result["reference"].items()}, default=str))
+        print(f"cv {cv:g}: {result['elapsed_s']} s\n{table}\n", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,83 @@
+"""The GPU replay (benchmarks/gpu_replay.py) on a small synthetic landscape whose optimum is known.
+
+TP {1, 2} x max_num_seqs {4, 8, 16} for 16 closed-loop users, every point served through the
+queueing model. TP 2 has the most tok/s in total, TP 1 the most per GPU, and cap 16 (no wait)
+the most of either: the per-GPU optimum is (1, 16), 45 % ahead of the next, so at no noise
+every arm that sees it must hand it over. vLLM's defaults here are (2, 4): worse on both knobs.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from benchmarks import gpu_replay
+from benchmarks.gpu_landscape import GPU_PARAM, GpuLandscape, GpuSlo, measured, reference, score
+from benchmarks.lookup import StudyStrategy
+from benchmarks.queueing import Load, serve
+
+LOAD = Load(users=16, isl=100, osl=11)
+LOOSE = GpuSlo(p99_ttft_s=100.0, p99_tpot_s=100.0)
+
+
+def synthetic(cv: float = 0.0) -> GpuLandscape:
+    truths = {}
+    for tp in (1, 2):
+        for cap in (4, 8, 16):
+            # TP 2 is 1.4x faster per step: more in total, less per GPU.
+            served = serve(
+                LOAD, min(cap, LOAD.users), 0.1 / 1.4 ** (tp - 1), 0.01 / 1.4 ** (tp - 1)
+            )
+            truths[(tp, cap)] = measured(served)
+    return GpuLandscape([GPU_PARAM, "max_num_seqs"], truths, {GPU_PARAM: 2, "max_num_seqs": 4}, cv)
+
+
+def test_the_reference_is_the_best_per_gpu_and_tight_slos_cut_it_off() -> None:
+    land = synthetic()
+    ref = reference(land, LOOSE)
+    assert land.params_of(ref.best_key) == {GPU_PARAM: 1, "max_num_seqs": 16}
+    assert ref.feasible_share == 1.0
+    assert land.per_gpu((2, 16)) < ref.best_value < land.true((2, 16)).output_tok_s
+    assert 0 < ref.defaults_score < 0.5
+    # TTFT at cap 4 includes 3 rounds of waiting: an SLO of 0.45 s leaves only the caps above.
+    tight = reference(land, GpuSlo(p99_ttft_s=0.45, p99_tpot_s=100.0))
+    assert tight.defaults_score == 0.0 and score(land, tight, (1, 4)) == 0.0
+
+
+def test_noise_is_multiplicative_at_the_stated_cv_and_absent_at_zero() -> None:
+    truth = synthetic().true((1, 16))
+    rng = np.random.default_rng(0)
+    assert synthetic(0.0).draw((1, 16), rng) == truth
+    draws = [synthetic(0.05).draw((1, 16), rng) for _ in range(4000)]
+    tok = np.array([d.output_tok_s for d in draws]) / truth.output_tok_s
+    tpot = np.array([d.p99_tpot_s for d in draws]) / truth.p99_tpot_s
+    assert tok.mean() == pytest.approx(1.0, abs=0.005) and tok.std() == pytest.approx(0.05, rel=0.1)
+    assert tpot.std() == pytest.approx(0.05, rel=0.1)
+    assert abs(np.corrcoef(tok, tpot)[0, 1]) < 0.1  # independent factors
+
+
+def test_every_arm_finds_the_known_optimum_at_no_noise() -> None:
+    land = synthetic()
+    arms = [
+        (StudyStrategy("staged", "staged", "tpe", 3, repeats=1), gpu_replay.groups_of(
+            land, ["parallelism", "batching"])),
+        (StudyStrategy("joint", "joint", "tpe", 6, repeats=1),
+         {"joint": [GPU_PARAM, "max_num_seqs"]}),
+    ]  # fmt: skip
+    result = gpu_replay.replay(land, LOOSE, 1, arms)
+    assert result["reference"]["grid_size"] == 6
+    assert result["reference"]["defaults"] == {GPU_PARAM: 2, "max_num_seqs": 4}
+    rows = result["runs"]
+    assert {r["strategy"] for r in rows} == {"defaults", "grid", "random", "staged", "joint"}
+    for r in rows:
+        best = result["reference"]["defaults_score"] if r["strategy"] == "defaults" else 1.0
+        assert r["final_score"] == pytest.approx(best, abs=1e-4)
+        assert not r["worse_than_defaults"]
+        assert all(0.0 <= r[f"hv_at_{t}"] <= 1.0 + 1e-9 for t in (5, 10, 20))
+    grid = [r for r in rows if r["strategy"] == "grid"]
+    # The nested walk reaches (1, 16) third, and the whole grid spans the whole hypervolume.
+    assert all(r["trials_to_97"] == 3 and r["hv_at_20"] == 1.0 for r in grid)
+    staged = [r for r in rows if r["strategy"] == "staged"]
+    assert all(r["baseline_launches"] == 3 for r in staged)
+    # The per-GPU objective reached the study: tok/s in total would have picked TP 2.
+    assert all(r["final_config"] == {GPU_PARAM: 1, "max_num_seqs": 16} for r in staged)
