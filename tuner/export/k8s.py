@@ -109,6 +109,12 @@ def _annotations(evidence: Evidence) -> dict[str, str]:
     }
 
 
+def replicas(evidence: Evidence) -> int:
+    """`tuner capacity`'s replica count for its target load when measured, else 1."""
+    sized = (evidence.data.get("capacity") or {}).get("replicas")
+    return int(sized) if sized else 1
+
+
 def manifests(spec: ServeSpec, evidence: Evidence, name: str) -> list[dict[str, Any]]:
     """[Deployment, Service] for ``spec``, named ``name``."""
     volumes, mounts = _volumes(spec, name)
@@ -119,7 +125,7 @@ def manifests(spec: ServeSpec, evidence: Evidence, name: str) -> list[dict[str, 
         "kind": "Deployment",
         "metadata": meta,
         "spec": {
-            "replicas": 1,
+            "replicas": replicas(evidence),
             "selector": {"matchLabels": dict(labels)},
             "template": {
                 "metadata": {"labels": dict(labels)},

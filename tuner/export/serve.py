@@ -22,6 +22,7 @@ import json
 import math
 import shlex
 from collections.abc import Mapping
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -30,6 +31,7 @@ import yaml
 from tuner.errors import ArtifactError, ConfigError
 from tuner.export.spec import EVIDENCE_FILE, SERVE_HOST, SERVE_PORT, ServeSpec, build_serve_spec
 from tuner.paths import safe_name
+from tuner.plan.sizing import read_capacity
 from tuner.redact import Redactor
 from tuner.review.evidence import Evidence, build_evidence
 from tuner.review.stored import Choice, Review, study_redactor
@@ -213,6 +215,26 @@ def _finite(value: Any) -> Any:
     return value
 
 
+def with_capacity(evidence: Evidence, review: Review, choice: Choice) -> Evidence:
+    """Add `tuner capacity`'s measured result for this choice (replicas for k8s.yaml); one
+    measured for another configuration of the study is not this one's."""
+    record = read_capacity(review.paths.root)
+    if record is None or record.params != choice.params:
+        return evidence
+    found = {"max_rps": record.max_rps, "upper_rps": record.to_dict()["upper_rps"]}
+    if record.sizing is not None:
+        found.update(asdict(record.sizing))
+        evidence.lines.append(
+            f"capacity: {record.max_rps:.3g} req/s per replica (measured); "
+            f"{record.sizing.replicas} replicas for {record.sizing.target_rps:g} req/s "
+            f"with {record.sizing.headroom:.0%} headroom"
+        )
+    else:
+        evidence.lines.append(f"capacity: {record.max_rps:.3g} req/s per replica (measured)")
+    evidence.data["capacity"] = found
+    return evidence
+
+
 def write_files(folder: Path, files: dict[str, str]) -> list[Path]:
     try:
         folder.mkdir(parents=True, exist_ok=True)
@@ -239,7 +261,8 @@ def export_choices(
     for choice in choices:
         folder = root if len(choices) == 1 else root / safe_name(choice.slug)
         spec = build_serve_spec(review, choice)
-        files = render_all(spec, build_evidence(review, choice), formats, redactor)
+        evidence = with_capacity(build_evidence(review, choice), review, choice)
+        files = render_all(spec, evidence, formats, redactor)
         written += write_files(folder, files)
     return written
 

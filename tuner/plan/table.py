@@ -1,0 +1,168 @@
+"""The plan as a table (terminal and CSV) and a figure (PNG)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from tuner.config import SloConfig
+from tuner.errors import ArtifactError
+from tuner.plan.estimate import Fit, PointEstimate
+
+SHOWN_ROWS = 30  # the terminal shows the best rows; the CSV has every one
+SECONDS_PER_HOUR = 3600.0
+
+
+@dataclass(frozen=True)
+class PlannedPoint:
+    """A point of the study's space with its estimate, its cost and its SLO verdict."""
+
+    params: dict[str, Any]
+    estimate: PointEstimate
+    price_per_hour: float  # one server's, NaN without a price
+
+    @property
+    def cost_per_million(self) -> float:
+        """USD per million output tokens at the estimated rate (objectives/cost.py's formula)."""
+        tokens = self.estimate.tokens_s
+        if not math.isfinite(tokens) or tokens <= 0:
+            return math.nan
+        return self.price_per_hour / (tokens * SECONDS_PER_HOUR) * 1e6
+
+    def meets(self, slo: SloConfig) -> bool:
+        """Whether the estimated means are within the P99 SLOs (lenient: a mean is not a
+        P99, so this only rules out what cannot meet them)."""
+        e = self.estimate
+        if not e.starts or math.isnan(e.ttft_ms):
+            return False
+        limits = ((slo.p99_ttft_s, e.ttft_ms), (slo.p99_tpot_s, e.tpot_ms),
+                  (slo.p99_e2e_s, e.e2e_ms))  # fmt: skip
+        return all(limit <= 0 or value / 1000 <= limit for limit, value in limits)
+
+
+def frame(points: Sequence[PlannedPoint], slo: SloConfig) -> pd.DataFrame:
+    """One row per point: its params, then fit, KV tokens, TTFT, TPOT, rates, cost, SLO."""
+    rows = []
+    for p in points:
+        e = p.estimate
+        rows.append(
+            {
+                **p.params,
+                "gpus": e.point.gpus,
+                "batch": e.point.batch,
+                "fits": e.fits.value,
+                "kv_tokens": e.kv_tokens,
+                "ttft_ms": e.ttft_ms,
+                "tpot_ms": e.tpot_ms,
+                "tok_s_gpu": e.tokens_s_gpu,
+                "req_s": e.requests_s,
+                "usd_per_mtok": p.cost_per_million,
+                "meets_slo": p.meets(slo),
+                "note": e.note,
+            }
+        )
+    return pd.DataFrame(rows)
+
+
+def ranked(table: pd.DataFrame) -> pd.DataFrame:
+    """Points that start first, cheapest per token (else fastest per GPU), then the rest."""
+    by_cost = table["usd_per_mtok"].notna().any()
+    key = "usd_per_mtok" if by_cost else "tok_s_gpu"
+    starts = table[table["fits"] != Fit.NO.value].sort_values(key, ascending=by_cost)
+    return pd.concat([starts, table[table["fits"] == Fit.NO.value]])
+
+
+def _fmt(value: Any) -> str:
+    if isinstance(value, float):
+        if math.isnan(value):
+            return "-"
+        return f"{value:,.0f}" if abs(value) >= 100 else f"{value:.3g}"
+    return str(value)
+
+
+# Short column names for the terminal (the CSV keeps vLLM's flag names).
+SHORT = {
+    "tensor_parallel_size": "tp",
+    "pipeline_parallel_size": "pp",
+    "quantization": "quant",
+    "kv_cache_dtype": "kv",
+    "gpu_memory_utilization": "gpu_mem",
+    "max_num_batched_tokens": "batched_tok",
+    "max_num_seqs": "max_seqs",
+    "tok_s_gpu": "tok/s/gpu",
+    "req_s": "req/s",
+    "usd_per_mtok": "$/Mtok",
+    "meets_slo": "slo",
+}
+
+
+def text(table: pd.DataFrame, params: Sequence[str]) -> str:
+    """The terminal view: the best rows that start, and the ones that do not, grouped."""
+    starts = table[table["fits"] != Fit.NO.value]
+    cols = [*params, "batch", "fits", "ttft_ms", "tpot_ms", "tok_s_gpu", "req_s",
+            "usd_per_mtok", "meets_slo"]  # fmt: skip
+    shown = starts.head(SHOWN_ROWS)[cols].map(_fmt).rename(columns=SHORT)
+    lines = [shown.to_string(index=False)] if len(shown) else ["(no point would start)"]
+    if len(starts) > SHOWN_ROWS:
+        lines.append(f"... {len(starts) - SHOWN_ROWS} more that start (all in plan.csv)")
+    lines += _not_fitting(table[table["fits"] == Fit.NO.value], params)
+    return "\n".join(lines)
+
+
+def _not_fitting(rows: pd.DataFrame, params: Sequence[str]) -> list[str]:
+    """One line per group of points that cannot start, by the params that decide memory."""
+    if rows.empty:
+        return []
+    memory = [p for p in params if p in ("tensor_parallel_size", "pipeline_parallel_size",
+                                         "quantization", "kv_cache_dtype")]  # fmt: skip
+    lines = ["does not fit (vLLM would not start):"]
+    groups = rows.groupby(memory, dropna=False, sort=True) if memory else [((), rows)]
+    for values, group in groups:
+        values = values if isinstance(values, tuple) else (values,)
+        where = " ".join(f"{p}={v}" for p, v in zip(memory, values, strict=True)) or "every point"
+        lines.append(f"  {where}: {len(group)} points ({group['note'].iloc[0]})")
+    return lines
+
+
+def write_csv(table: pd.DataFrame, path: Path) -> None:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        table.to_csv(path, index=False)
+    except OSError as exc:
+        raise ArtifactError(f"cannot write {path}: {exc.strerror or exc}") from exc
+
+
+def write_png(table: pd.DataFrame, path: Path, title: str) -> None:
+    """TPOT against output tokens/s per GPU, one colour per GPU count; kv-limited hollow."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # no display: plans are made on servers and in CI
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7.5, 5))
+    starts = table[table["fits"] != Fit.NO.value]
+    for gpus, group in starts.groupby("gpus"):
+        full = group[group["fits"] == Fit.YES.value]
+        limited = group[group["fits"] == Fit.KV.value]
+        dot = ax.scatter(full["tpot_ms"], full["tok_s_gpu"], s=22, label=f"{gpus} GPU(s)")
+        ax.scatter(limited["tpot_ms"], limited["tok_s_gpu"], s=22, facecolors="none",
+                   edgecolors=dot.get_facecolor())  # fmt: skip
+    ax.set_xlabel("estimated TPOT (ms)")
+    ax.set_ylabel("estimated output tokens/s per GPU")
+    ax.set_title(title, fontsize=10)
+    ax.grid(alpha=0.3)
+    if len(starts):
+        ax.legend(title="hollow: KV-limited", fontsize=8)
+    fig.tight_layout()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(path, dpi=110)
+    except OSError as exc:
+        raise ArtifactError(f"cannot write {path}: {exc.strerror or exc}") from exc
+    finally:
+        plt.close(fig)

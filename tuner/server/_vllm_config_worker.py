@@ -1,0 +1,118 @@
+"""Worker run in the *server's* interpreter: vLLM builds its engine config for each request.
+
+Run as a script, never imported by tuner (it imports vLLM, ~5-15 s, once). It reads one JSON
+request per stdin line, ``{"id": N, "argv": [...], "env": {...}}``, and answers each on the
+reply channel with ``MARKER {"id": N, "error": null | {...}}``: the server's argument parser,
+vLLM's pre-load checks, then ``AsyncEngineArgs.from_cli_args(...).create_engine_config(...)``,
+which is how the OpenAI server builds its ``VllmConfig`` before it loads any weight. The model's
+``config.json`` is read; no weight, no device memory. It exits at the end of stdin, so it dies
+with the process that started it.
+
+The reply channel is the original stdout; fd 1 is pointed at stderr first, because vLLM and its
+libraries print to stdout and a stray line must not be taken for an answer.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import runpy
+import sys
+from pathlib import Path
+from typing import Any
+
+MARKER = "@@tuner-vllm-config@@"
+ENGINE_MODULES = ("vllm.engine.arg_utils",)
+USAGE_MODULES = ("vllm.usage.usage_lib",)
+
+
+def _reply_channel() -> Any:
+    """A file on the original stdout; fd 1 then writes to stderr."""
+    reply = os.fdopen(os.dup(1), "w", buffering=1)
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+    return reply
+
+
+def _answer(channel: Any, payload: dict[str, Any]) -> None:
+    channel.write(MARKER + " " + json.dumps(payload) + "\n")
+    channel.flush()
+
+
+def _pydantic_error(exc: Exception) -> dict[str, Any] | None:
+    """A pydantic ValidationError as {config, errors: [{field, message}]}; None otherwise."""
+    errors = getattr(exc, "errors", None)
+    title = getattr(exc, "title", None)
+    if not callable(errors) or title is None:
+        return None
+    parts = []
+    for err in errors():
+        field = ".".join(str(p) for p in err.get("loc") or ())
+        message = str(err.get("msg", "")).removeprefix("Value error, ")
+        if field:
+            message = f"{message} (got {err.get('input')!r})"
+        parts.append({"field": field, "message": message})
+    return {"config": str(title), "errors": parts}
+
+
+def _error(exc: BaseException) -> dict[str, Any]:
+    if isinstance(exc, Exception):
+        typed = _pydantic_error(exc)
+        if typed is not None:
+            return typed
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    return {"config": type(exc).__name__, "errors": [{"field": "", "message": text}]}
+
+
+class Checker:
+    """vLLM's parser and engine-args classes, imported once."""
+
+    def __init__(self) -> None:
+        helpers = runpy.run_path(str(Path(__file__).with_name("_vllm_argparse.py")))
+        self.parser, self.validate = helpers["build_parser"]()
+        self.parse = helpers["parse"]
+        self.version = helpers["_version"]()
+        find = helpers["_find"]
+        self.engine_args = find(ENGINE_MODULES, "AsyncEngineArgs")
+        self.usage = find(USAGE_MODULES, "UsageContext").OPENAI_API_SERVER
+
+    def check(self, argv: list[str], env: dict[str, str]) -> dict[str, Any] | None:
+        """None when vLLM builds its config from ``argv`` under ``env``, else the error."""
+        saved = {k: os.environ.get(k) for k in env}
+        os.environ.update(env)
+        try:
+            args, message = self.parse(self.parser, self.validate, argv)
+            if args is None:
+                return {"config": "argparse", "errors": [{"field": "", "message": message}]}
+            self.engine_args.from_cli_args(args).create_engine_config(usage_context=self.usage)
+        except BaseException as exc:  # vLLM raises pydantic, Value, Type and Assertion errors
+            if isinstance(exc, KeyboardInterrupt):
+                raise
+            return _error(exc)
+        finally:
+            for key, value in saved.items():
+                if value is None:
+                    os.environ.pop(key, None)
+                else:
+                    os.environ[key] = value
+        return None
+
+
+def serve(channel: Any) -> int:
+    try:
+        checker = Checker()
+    except Exception as exc:  # vLLM missing or broken: the caller reports it as one line
+        _answer(channel, {"fatal": f"{type(exc).__name__}: {exc}"})
+        return 1
+    _answer(channel, {"ready": True, "version": checker.version})
+    for line in sys.stdin:
+        if not line.strip():
+            continue
+        request = json.loads(line)
+        error = checker.check(list(request.get("argv", [])), dict(request.get("env") or {}))
+        _answer(channel, {"id": request.get("id"), "error": error})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(serve(_reply_channel()))

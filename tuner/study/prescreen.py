@@ -1,0 +1,158 @@
+"""What a study checks of a candidate before it launches one.
+
+- Always (a real study, after ``Session.preflight``): vLLM builds its engine config from the
+  candidate's flags in a warm worker (:mod:`tuner.plan.validate`). A refused candidate is told to
+  Optuna as an infeasible trial, reason ``invalid_config`` with vLLM's message, and never
+  launched: milliseconds instead of a server start that ends in the same error.
+- With ``study.prescreen=true``: the GPU estimator (:mod:`tuner.plan`) says whether the candidate
+  fits its GPUs; one that cannot start is told as infeasible too (``screened``), and each stage
+  begins with the estimator's best points (enqueued). Launched trials keep their estimate in
+  their user attrs, beside the measurement that decides.
+
+Neither counts as a launch: the stage's budget counts launched trials
+(:func:`tuner.study.stages.launched_trials`), the failure budget counts failed launches.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from typing import Any
+
+import optuna
+from optuna.trial import TrialState
+
+from tuner.config import TunerConfig
+from tuner.errors import TunerError
+from tuner.launch import LaunchSpec
+from tuner.outcome import REASON_INVALID_CONFIG, REASON_SCREENED, TrialOutcome
+from tuner.plan.command import Planner
+from tuner.plan.space import modelled
+from tuner.plan.table import PlannedPoint
+from tuner.plan.validate import ConfigValidator, validates
+from tuner.schema import Role, TrialStatus
+from tuner.search import space as search_space
+from tuner.study.evaluation import Evaluator
+from tuner.study.stages import Stage, search_trials
+
+Progress = Callable[[str], None]
+MAX_ENQUEUED = 3  # of a stage's first trials, at most this many come from the estimator
+
+
+def _rank(select_by: str) -> Callable[[PlannedPoint], float]:
+    """How the estimator orders points for the study's selection objective (lower first)."""
+    if select_by in ("cost_per_million_tokens", "energy_per_million_tokens"):
+        return lambda p: _nan_last(p.cost_per_million)
+    if select_by in ("p99_e2e_latency", "p99_ttft"):
+        return lambda p: _nan_last(p.estimate.e2e_ms if select_by == "p99_e2e_latency"
+                                   else p.estimate.ttft_ms)  # fmt: skip
+    return lambda p: _nan_last(-p.estimate.tokens_s)  # throughput and goodput
+
+
+def _nan_last(value: float) -> float:
+    return value if math.isfinite(value) else math.inf
+
+
+class Prescreen:
+    """Checks candidates of one study before launch; see the module's docstring."""
+
+    def __init__(
+        self,
+        config: TunerConfig,
+        evaluator: Evaluator,
+        say: Progress,
+        validator: ConfigValidator | None,
+        planner: Planner | None = None,
+    ) -> None:
+        self.config = config
+        self.evaluator = evaluator
+        self.say = say
+        self.validator = validator
+        self.planner = planner
+
+    @classmethod
+    def open(cls, config: TunerConfig, evaluator: Evaluator, say: Progress) -> Prescreen:
+        """vLLM's config check (its worker starts importing vLLM now), and the estimator when
+        study.prescreen is on (a ConfigError, exit 2, if it cannot estimate this study)."""
+        planner = Planner(config) if config.study.prescreen else None  # may refuse: exit 2
+        validator = ConfigValidator(config.server) if validates(config.server) else None
+        if validator is not None:
+            validator.warm()
+        if planner is not None:
+            say(f"prescreen: candidates are estimated on {planner.describe()} before launch")
+        return cls(config, evaluator, say, validator, planner)
+
+    def preflight(self) -> None:
+        """The fixed args as vLLM builds its config: one line and exit 2 if it refuses them."""
+        if self.validator is not None:
+            self.validator.preflight(LaunchSpec())
+
+    # -- one candidate ---------------------------------------------------------------------
+    def rejects(
+        self,
+        study: optuna.Study,
+        trial: optuna.Trial,
+        stage: Stage,
+        params: dict[str, Any],
+        specs: dict[str, Any],
+    ) -> bool:
+        """True when ``params`` must not launch; the trial is then told (infeasible)."""
+        launch = search_space.to_launch(params, specs)
+        started = time.monotonic()
+        why = self._invalid(launch) or self._screened(trial, params)
+        if why is None:
+            return False
+        reason, message = why
+        argv = self.validator.request(launch)[0] if self.validator else []  # what would have run
+        outcome = TrialOutcome(f"{stage.name}-{trial.number}", TrialStatus.FAILED, argv, launch)
+        outcome.fail(reason, message)
+        outcome.timings = {"prescreen": round(time.monotonic() - started, 4)}
+        result = self.evaluator.evaluate(outcome, params)
+        for key, value in result.user_attrs(stage.name, Role.SEARCH, params, launch).items():
+            trial.set_user_attr(key, value)
+        for key, value in result.constraints.items():
+            trial.set_constraint(key, value)
+        study.tell(trial, result.values)
+        self.say(f"stage {stage.name}: trial {trial.number} not launched ({reason}): {message}")
+        return True
+
+    def _invalid(self, launch: LaunchSpec) -> tuple[str, str] | None:
+        if self.validator is None:
+            return None
+        try:
+            rejected = self.validator.check(launch)
+        except TunerError as exc:  # the worker broke: launch unchecked rather than stop
+            self.say(f"vLLM's config check is off for this run: {exc.one_line()}")
+            self.validator = None
+            return None
+        return None if rejected is None else (REASON_INVALID_CONFIG, rejected.line())
+
+    def _screened(self, trial: optuna.Trial, params: dict[str, Any]) -> tuple[str, str] | None:
+        if self.planner is None:
+            return None
+        estimate = self.planner.estimate(params)
+        for key, value in estimate.attrs(self.planner.system).items():
+            trial.set_user_attr(key, value)
+        if estimate.starts:
+            return None
+        return REASON_SCREENED, f"estimated not to fit on {self.planner.system}: {estimate.note}"
+
+    # -- a stage's first trials --------------------------------------------------------------
+    def enqueue_best(self, study: optuna.Study, stage: Stage, incumbent: dict[str, Any]) -> int:
+        """Queue the estimator's best points of a fresh stage as its first trials: those that
+        start, the ones whose estimates meet the SLOs first, by the selection objective."""
+        if self.planner is None or search_trials(study) or not modelled(stage.specs)[0]:
+            return 0  # no estimator, a stage already under way, or nothing it tells apart
+        if study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
+            return 0  # queued by an earlier run of this stage
+        points, _, _ = self.planner.space(stage.specs, incumbent)
+        rank = _rank(self.evaluator.select_by)
+        starts = [p for p in points if p.estimate.starts]
+        starts.sort(key=lambda p: (not p.meets(self.config.slo), rank(p)))
+        best = [p.params for p in starts[: max(1, min(MAX_ENQUEUED, stage.trials // 3))]]
+        for point in best:
+            study.enqueue_trial(point, skip_if_exists=True)
+        if best:
+            self.say(f"stage {stage.name}: first trial(s) from the estimator: {best}")
+        return len(best)
