@@ -9,12 +9,15 @@ baseline study's fingerprint (SLO, workload, hardware, vLLM version).
 from __future__ import annotations
 
 import datetime as dt
+import json
 import re
 from dataclasses import dataclass, field
 from typing import Any
 
 from tuner.review.diagnosis import diagnose
 from tuner.review.stored import Choice, Review, TrialView
+from tuner.schema import Role
+from tuner.study.noise import NoiseEstimate
 
 LATENCIES = ("ttft", "tpot", "itl", "e2e")
 STATS = ("p50", "p90", "p95", "p99", "mean", "max", "n")
@@ -124,8 +127,52 @@ def build_evidence(review: Review, choice: Choice, now: dt.datetime | None = Non
         "workload": fp.get("workload"),
         "hardware": fp.get("hardware"),
         "vllm": fp.get("vllm") or (view.result.get("server", {}).get("version") if view else None),
+        "check": check_reference(review, choice),
     }
     return Evidence(data, summary_lines(data))
+
+
+def check_reference(review: Review, choice: Choice) -> dict[str, Any]:
+    """What `tuner check` compares a deployment with: the model, how values are scored, every
+    objective over the choice's own windows, and the study's pooled noise of each objective
+    (the variance of log(value) within every configuration it measured more than once)."""
+    groups = _windows_by_config(review)
+    own = groups.get(_config_key(choice.params), [])
+    # A stage winner's search window was picked as the best of several draws: it reads high.
+    fresh = [v for v in own if v.role != Role.SEARCH] or own
+
+    def values(views: list[TrialView], name: str) -> list[float]:
+        return [x for x in (review.value(v, name) for v in views) if x is not None]
+
+    noise = {
+        n: NoiseEstimate.of(*(values(g, n) for g in groups.values())) for n in review.objectives
+    }
+    server, config = review.config.get("server") or {}, review.config
+    return {
+        "model": review.fingerprint.get("model") or {"model": server.get("model")},
+        "served_model_name": server.get("served_model_name"),
+        "objectives": dict(zip(review.objectives, review.directions, strict=True)),
+        "constraints": (config.get("objectives") or {}).get("constraints") or [],
+        "cost": config.get("cost") or {},
+        "cpus": review.cores,
+        "device": review.device,
+        "min_gain": (config.get("study") or {}).get("min_gain", 0.0),
+        "samples": {n: values(fresh, n) for n in review.objectives},
+        "noise": {n: {"rel_sd": e.rel_sd, "df": e.df} for n, e in noise.items()},
+    }
+
+
+def _config_key(params: dict[str, Any]) -> str:
+    return json.dumps(params, sort_keys=True, default=str)
+
+
+def _windows_by_config(review: Review) -> dict[str, list[TrialView]]:
+    """Every measured window of the study, grouped by the configuration (full params) it ran."""
+    groups: dict[str, list[TrialView]] = {}
+    for view in [*review.baseline_windows, *review.search_trials(), *review.confirm_trials()]:
+        if view.measured:
+            groups.setdefault(_config_key(view.params), []).append(view)
+    return groups
 
 
 def _trial_ids(view: TrialView | None) -> dict[str, Any] | None:

@@ -1,5 +1,6 @@
 """Inference-server backends behind the :class:`ServerBackend` seam."""
 
+from tuner.server import external as _external  # noqa: F401  (registers "external")
 from tuner.server import vllm as _vllm  # noqa: F401  (registers the "vllm" backend)
 from tuner.server.base import (
     SERVER_BACKENDS,

@@ -1,0 +1,139 @@
+"""`tuner check` end to end against the fake streaming server: real Locust, real measurement.
+
+The evidence's reference windows are measured here with the same code path, then the check
+runs against the same server (pass), against a slower one (regression, exit 1), and with the
+inputs that must be refused (exit 2, one line). The fake's delays are known, so these verdicts
+are certain; tests/e2e/test_deployment_vllm.py does the same with a real vLLM deployment.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import xml.etree.ElementTree as ET
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import TINY_MODEL
+from tests.fakes.check_evidence import evidence
+from tests.fakes.sse_server import FakeConfig, FakeServer
+from tuner.cli import main
+from tuner.deployment.check_measure import Endpoint, measure_window
+from tuner.deployment.check_reference import read_reference
+from tuner.study.noise import NoiseEstimate
+
+pytestmark = pytest.mark.integration
+KEY, KEY_ENV = "sk-check-test-4455", "TUNER_TEST_CHECK_KEY"
+FAST = FakeConfig(ttft_s=0.05, itl_s=0.01, api_key=KEY, model=str(TINY_MODEL))
+SLOW = FakeConfig(ttft_s=0.05, itl_s=0.025, api_key=KEY, model=str(TINY_MODEL))
+
+
+@pytest.fixture(scope="module")
+def fake() -> Iterator[FakeServer]:
+    with FakeServer(FAST) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def evidence_path(fake: FakeServer, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Evidence whose reference is two windows of the fast server, measured as `check` does."""
+    folder = tmp_path_factory.mktemp("evidence")
+    path = folder / "evidence.json"
+    data = evidence(**{"constraints": ["slo_p99_e2e", "error_rate"]})
+    data["workload"].update(concurrency=8, window_s=3.0)
+    path.write_text(json.dumps(data))
+    ref = read_reference(path)
+    endpoint = Endpoint(fake.url, KEY, str(TINY_MODEL))
+    windows = [
+        measure_window(endpoint, str(TINY_MODEL), ref.workload, ref.slo, folder / str(i))
+        for i in range(2)
+    ]
+    values = [ref.scoring.values(m) for m in windows]
+    samples = {n: [v[n] for v in values] for n in ref.scoring.objectives}
+    noise = {n: NoiseEstimate.of(s) for n, s in samples.items()}
+    data["check"]["samples"] = samples
+    data["check"]["noise"] = {n: {"rel_sd": e.rel_sd, "df": e.df} for n, e in noise.items()}
+    path.write_text(json.dumps(data))
+    return path
+
+
+def _check(url: str, evidence: Path, out: Path, *extra: str) -> int:
+    args = ["check", "--url", url, "--evidence", str(evidence), "--out", str(out)]
+    return main([*args, "--api-key-env", KEY_ENV, "--windows", "2", *extra])
+
+
+def _leaks(folder: Path) -> list[Path]:
+    return [p for p in folder.rglob("*") if p.is_file() and KEY in p.read_text(errors="replace")]
+
+
+def test_an_unchanged_deployment_passes_and_a_slower_one_regresses(
+    fake: FakeServer,
+    evidence_path: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    monkeypatch.setenv(KEY_ENV, KEY)
+    assert _check(fake.url, evidence_path, tmp_path / "same") == 0
+    out = capsys.readouterr().out
+    assert "verdict: PASS" in out and KEY not in out
+    with FakeServer(SLOW) as slow:
+        assert _check(slow.url + "/v1/", evidence_path, tmp_path / "slow") == 1
+    out = capsys.readouterr().out
+    assert "output_throughput" in out.split("verdict: FAIL:")[1]
+    suite = ET.parse(tmp_path / "slow" / "junit.xml").getroot().find("testsuite")
+    assert suite is not None and int(suite.get("failures") or 0) >= 1
+    report: dict[str, Any] = json.loads((tmp_path / "slow" / "check.json").read_text())
+    rows = {r["name"]: r for r in report["rows"]}
+    assert rows["output_throughput"]["verdict"] == "regression"
+    assert rows["output_throughput"]["change"] < -0.3  # 2.5x the inter-token delay
+    assert not _leaks(tmp_path)
+
+
+def test_an_unreachable_endpoint_is_exit_2_after_a_bounded_wait(
+    evidence_path: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    monkeypatch.setenv(KEY_ENV, KEY)
+    with FakeServer(FAST) as gone:
+        url = gone.url
+    started = time.monotonic()
+    assert _check(url, evidence_path, tmp_path, "--wait-s", "2") == 2
+    err = capsys.readouterr().err
+    assert "did not answer within 2 s" in err and err.count("\n") == 1
+    assert time.monotonic() - started < 15
+
+
+def test_a_refused_key_is_exit_2(
+    fake: FakeServer,
+    evidence_path: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    monkeypatch.setenv(KEY_ENV, "sk-not-the-key-123")
+    assert _check(fake.url, evidence_path, tmp_path) == 2
+    err = capsys.readouterr().err
+    assert "refused the API key" in err and "HTTP 401" in err and "sk-not-the-key" not in err
+
+
+def test_evidence_of_another_model_is_exit_2(
+    fake: FakeServer,
+    evidence_path: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    monkeypatch.setenv(KEY_ENV, KEY)
+    data = json.loads(evidence_path.read_text())
+    data["check"]["model"] = {"model": "/models/llama-3-8b", "config_sha256": ""}
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps(data))
+    assert _check(fake.url, other, tmp_path, "--tokenizer", str(TINY_MODEL)) == 2
+    err = capsys.readouterr().err
+    assert "not /models/llama-3-8b" in err and err.count("\n") == 1

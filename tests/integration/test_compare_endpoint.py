@@ -1,0 +1,51 @@
+"""`tuner compare` end to end against fake streaming servers: real Locust, real measurement.
+
+Three fakes with known delays: B is A with a 2.5x inter-token delay (worse), C is A again
+(within noise). The same comparison between real vLLM servers, each pinned to a core of its
+own, is tests/e2e/test_deployment_vllm.py.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import TINY_MODEL
+from tests.fakes.sse_server import FakeConfig, FakeServer
+from tuner.cli import main
+
+pytestmark = pytest.mark.integration
+FAST = FakeConfig(ttft_s=0.05, itl_s=0.01, model=str(TINY_MODEL))
+SLOW = FakeConfig(ttft_s=0.05, itl_s=0.025, model=str(TINY_MODEL))
+WORKLOAD = [
+    "workload.concurrency=8",
+    "workload.warmup_s=1",
+    "workload.window_s=3",
+    "workload.drain_timeout_s=5",
+    f"server.model={TINY_MODEL}",
+]
+
+
+def _compare(a: str, b: str, out: Path) -> tuple[int, dict[str, dict[str, Any]]]:
+    rc = main(["compare", "--url-a", a, "--url-b", b, "--windows", "2", "--out", str(out),
+               *WORKLOAD])  # fmt: skip
+    report = json.loads((out / "compare.json").read_text())
+    return rc, {str(r["objective"]): r for r in report["objectives"]}
+
+
+def test_a_slower_b_is_worse_and_an_identical_b_is_within_noise(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with FakeServer(FAST) as a, FakeServer(SLOW) as b, FakeServer(FAST) as c:
+        rc_worse, worse = _compare(a.url, b.url, tmp_path / "worse")
+        rc_same, same = _compare(a.url, c.url, tmp_path / "same")
+    assert rc_worse == 1 and rc_same == 0
+    tput = worse["output_throughput"]
+    assert tput["decision"] == "B worse" and tput["high"] < 0.8  # 2.5x the token gap
+    assert worse["p99_e2e_latency"]["decision"] == "B worse"
+    assert {r["decision"] for r in same.values()} == {"within noise"}
+    out = capsys.readouterr().out
+    assert "windows ABBA" in out and "B worse" in out

@@ -1,0 +1,70 @@
+"""What `tuner export` now puts in evidence.json for `tuner check`: the exported configuration's
+own windows (never the search window that won it its stage) and the study's pooled noise of
+every objective, on a stored study with known numbers (real SQLite, no server)."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import optuna
+import pytest
+import yaml
+
+from tests.fakes import stored_study as fake
+from tuner.review.evidence import build_evidence
+from tuner.review.stored import open_review
+from tuner.schema import baseline_study, confirm_study, stage_study
+from tuner.study.acceptance import Decision
+
+P = {"max_num_seqs": 32}  # the accepted configuration
+BASE = [[1.0, 1000.0, 0.020], [1.1, 900.0, 0.022]]  # two baseline windows
+SEARCH = [0.9, 1500.0, 0.013]  # the stage's winning search window: picked as the best, reads high
+CONFIRM = {"incumbent": [1.05, 950.0, 0.021], "candidate": [0.95, 1400.0, 0.014]}
+
+
+def _study(root: Path) -> None:
+    (root / "demo").mkdir(parents=True)
+    config = {"server": {"model": "/models/tiny-llama", "args": {}}, "study": {"min_gain": 0.05},
+              "objectives": {"select_by": "output_throughput", "constraints": ["slo_p99_e2e"]},
+              "cost": {"cpus": 2}}  # fmt: skip
+    (root / "demo" / "config.yaml").write_text(yaml.safe_dump(config))
+    storage = optuna.storages.RDBStorage(f"sqlite:///{root / 'demo' / 'optuna.db'}")
+    base = fake.new_study(storage, baseline_study("fake"))
+    base.set_user_attr("fingerprint", fake.FINGERPRINT)
+    for i, values in enumerate(BASE):
+        attrs = fake.measured_attrs(root, f"baseline-{i}", "baseline", values, {})
+        base.add_trial(fake.frozen_trial(values, {}, attrs))
+    stage = fake.new_study(storage, stage_study("demo", "batching"))
+    stage.add_trial(fake.frozen_trial(BASE[0], {}, {"role": "incumbent", "params_all": {}}))
+    attrs = fake.measured_attrs(root, "batching-1", "search", SEARCH, P)
+    stage.add_trial(fake.frozen_trial(SEARCH, P, attrs))
+    decision = Decision("batching", "output_throughput", "maximize", True, "gain",
+                        candidate_trial=1, candidate_params=P)  # fmt: skip
+    stage.set_user_attr("decision", decision.to_dict())
+    confirm = fake.new_study(storage, confirm_study("demo"))
+    for role, params in (("incumbent", {}), ("candidate", P)):
+        values = CONFIRM[role]
+        attrs = fake.measured_attrs(root, f"batching-confirm-{role}", role, values, params)
+        confirm.add_trial(
+            fake.frozen_trial(values, {}, {**attrs, "confirm_tag": f"batching/0/{role}"})
+        )
+
+
+def test_the_check_block_holds_the_choices_windows_and_the_pooled_noise(tmp_path: Path) -> None:
+    _study(tmp_path)
+    review = open_review("demo", None, tmp_path)
+    check = build_evidence(review, review.choice()).data["check"]
+    assert check["samples"]["output_throughput"] == [1400.0]  # the confirmation, not 1500
+    assert check["objectives"]["output_throughput"] == "maximize"
+    assert check["model"]["model"] == "/models/tiny-llama" and check["min_gain"] == 0.05
+    # Two configurations measured more than once: the baseline's (2 windows + 1 confirmation)
+    # and the candidate's (its search window + 1 confirmation): 2 + 1 degrees of freedom.
+    control = np.log([1000.0, 900.0, 950.0])
+    chosen = np.log([1500.0, 1400.0])
+    ss = ((control - control.mean()) ** 2).sum() + ((chosen - chosen.mean()) ** 2).sum()
+    noise = check["noise"]["output_throughput"]
+    assert noise["df"] == 3 and noise["rel_sd"] == pytest.approx(math.sqrt(ss / 3))
+    baseline = build_evidence(review, review.choice("baseline", 0)).data["check"]
+    assert baseline["samples"]["output_throughput"] == [1000.0, 900.0, 950.0]

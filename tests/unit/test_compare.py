@@ -1,0 +1,59 @@
+"""`tuner compare`'s judgement on known numbers: the interleaved order, the ratio's
+interval, and the acceptance rule's decision both ways. Real endpoints:
+tests/integration/test_compare_endpoint.py (fake SSE servers) and
+tests/e2e/test_deployment_vllm.py (real vLLM)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from tuner.deployment.compare import BETTER, SAME, WORSE, order, ratio_of
+from tuner.study.noise import NoiseEstimate
+
+
+def test_windows_alternate_which_side_goes_first() -> None:
+    assert "".join(order(4)) == "ABBAABBA"
+    sides = order(5)
+    assert sides.count("A") == sides.count("B") == 5
+
+
+@pytest.mark.parametrize(
+    ("b", "direction", "decision"),
+    [
+        ([1500.0, 1480.0, 1510.0, 1490.0], "maximize", BETTER),
+        ([700.0, 720.0, 690.0, 710.0], "maximize", WORSE),
+        ([1005.0, 995.0, 1012.0, 990.0], "maximize", SAME),
+        ([700.0, 720.0, 690.0, 710.0], "minimize", BETTER),  # lower latency is better
+    ],
+)
+def test_the_decision_is_the_acceptance_rule_both_ways(
+    b: list[float], direction: str, decision: str
+) -> None:
+    a = [1000.0, 1010.0, 990.0, 1003.0]
+    r = ratio_of("x", direction, a, b, 0.02)
+    assert r.decision == decision
+    assert r.ratio == pytest.approx(np.mean(b) / np.mean(a))
+    assert r.low < r.ratio < r.high and r.noise_df == 6
+    # The interval leaves out 1 exactly when the rule decides.
+    assert (r.low > 1 or r.high < 1) == (decision != SAME)
+
+
+def test_a_wide_interval_is_within_noise_even_when_the_means_differ() -> None:
+    r = ratio_of("x", "maximize", [1000.0, 1300.0], [1200.0, 1500.0], 0.02)
+    assert r.ratio > 1.1 and r.low < 1.0 and r.decision == SAME
+
+
+def test_the_interval_is_the_rules_threshold_as_a_factor() -> None:
+    a, b = [100.0, 110.0, 90.0], [200.0, 220.0, 180.0]
+    r = ratio_of("x", "maximize", a, b, 0.0)
+    factor = 1 + NoiseEstimate.of(a, b).threshold(3, 3, 1.0)
+    assert (r.low, r.high) == pytest.approx((2.0 / factor, 2.0 * factor))
+    assert math.sqrt(r.low * r.high) == pytest.approx(2.0)
+
+
+def test_missing_values_give_no_decision() -> None:
+    r = ratio_of("x", "maximize", [100.0, math.nan], [100.0, 101.0], 0.02)
+    assert r.decision == SAME and math.isnan(r.ratio)
