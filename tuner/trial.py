@@ -36,6 +36,9 @@ from tuner.server import LaunchSpec, ServerBackend, ServerInfo, make_backend
 from tuner.server.base import REASON_DIED_DURING_LOAD
 from tuner.telemetry import Telemetry, TelemetrySummary
 from tuner.telemetry.metrics import client_lag_warning, over_server
+from tuner.telemetry.nvml import visible_entries
+
+DEVICE_ORDER_ENV = "CUDA_DEVICE_ORDER"
 
 Progress = Callable[[str], None]
 
@@ -70,6 +73,7 @@ def run_trial(
     """Run one trial; always returns an outcome (and writes result.json)."""
     paths.ensure()
     clock = _Clock()
+    config = with_device_order(config)
     place = placement.for_trial(config, launch.env)
     launch = replace(launch, cpus=list(place.server) if place.server else None)
     server = make_backend(config.server, launch, paths.server_log)
@@ -163,7 +167,9 @@ def _load(
     """Warm-up + window under telemetry, with a watchdog that stops the load if vLLM dies;
     also returns the CPUs the client's processes were allowed, read back as they appeared."""
     target = _target(config, server, info)
-    telemetry = Telemetry(config.telemetry, info.base_url, server.api_key, info.pid, None)
+    telemetry = Telemetry(
+        config.telemetry, info.base_url, server.api_key, info.pid, gpu_devices=_gpus(config)
+    )
     watchdog = _Watchdog(server)
     wl = config.workload
     progress(f"load: warm-up {wl.warmup_s:g} s, window {wl.window_s:g} s ({_shape(config)})")
@@ -186,6 +192,28 @@ def _load(
     telemetry.write_csv(paths.telemetry_csv)
     _link_records(result, paths)
     return result, summary, sorted(seen)
+
+
+def with_device_order(config: TunerConfig) -> TunerConfig:
+    """``config`` whose server numbers GPUs as NVML does (PCI bus order), when its
+    ``server.cuda_visible_devices`` names GPUs by index: CUDA's own default order (fastest
+    first) can differ, and the telemetry would then sample other GPUs than the server uses."""
+    server = config.server
+    names = visible_entries(server.cuda_visible_devices) or []
+    if server.device != "cuda" or not any(n.isdigit() for n in names):
+        return config
+    if DEVICE_ORDER_ENV in server.env:
+        return config
+    env = {**server.env, DEVICE_ORDER_ENV: "PCI_BUS_ID"}
+    return replace(config, server=replace(server, env=env))
+
+
+def _gpus(config: TunerConfig) -> list[str] | None:
+    """The GPUs the trial samples: its server's (CUDA_VISIBLE_DEVICES' entries), every GPU when
+    that is unset, none for a CPU server (a GPU beside it is not part of its cost)."""
+    if config.server.device != "cuda":
+        return []
+    return visible_entries(config.server.cuda_visible_devices)
 
 
 def _plan_ahead(config: TunerConfig) -> threading.Thread:

@@ -9,13 +9,19 @@ as human artifacts because each request's response time is set to our E2E latenc
 Timeline of one process: t0 (test start) → warm-up (``warmup_s``) → window (``window_s``, or until
 ``max_requests`` measured requests have started) → stop issuing → drain (requests already
 started finish, up to ``drain_timeout_s``; stragglers are recorded as cut off) → quit.
+
+With ``--processes N`` the processes run as one client: they share one t0 (the first to start
+sets it, :func:`_shared_t0`), so warm-up and window are the same instants in each; an open loop
+draws one arrival schedule and process ``i`` sends arrivals ``i, i+N, i+2N, ...`` with the plan
+entries one process would have sent; ``max_requests`` counts the measured arrivals of all of
+them (open loop) or is split exactly between them (closed loop). The merged records are then
+the single process's schedule, prompts and counts, only sent by several processes.
 """
 
 from __future__ import annotations
 
 import itertools
 import json
-import math
 import os
 import time
 from dataclasses import dataclass, field
@@ -73,7 +79,7 @@ class RunState:
     pid: int
     worker_index: int
     records: IO[str]
-    quota: int  # measured requests this process may start; 0 = no limit
+    quota: int | None  # measured requests this process may start; None = no limit
     next_plan: int = 0
     plan_start: int = 0
     started: dict[str, int] = field(default_factory=lambda: {PHASE_WARMUP: 0, PHASE_MEASURE: 0})
@@ -82,6 +88,7 @@ class RunState:
     stopped_at: float | None = None
     seq: int = 0
     quota_stop: bool = False  # the window ended by max_requests, not by time
+    prompts_reused: int = 0  # open loop: plan entries sent a second time
 
     def wall(self, perf: float) -> float:
         """One time base for all instants: wall clock anchored once, advanced monotonically."""
@@ -91,18 +98,30 @@ class RunState:
     def stop_perf(self) -> float:
         return self.t0_perf + SPEC["warmup_s"] + SPEC["window_s"]
 
-    def claim(self) -> str | None:
-        """The phase of a request sent now, or None once the window is over."""
+    @property
+    def measure_perf(self) -> float:
+        return self.t0_perf + SPEC["warmup_s"]
+
+    def claim(self, at: float | None = None) -> str | None:
+        """The phase of a request sent now (scheduled ``at``, open loop), or None once the
+        window is over or this process's share of ``max_requests`` is sent."""
         now = time.perf_counter()
-        if self.stopped.is_set() or now >= self.stop_perf:
+        when = now if at is None else at
+        if self.stopped.is_set() or when >= self.stop_perf:
             self.stop(now)
             return None
-        phase = PHASE_WARMUP if now < self.t0_perf + SPEC["warmup_s"] else PHASE_MEASURE
+        phase = PHASE_WARMUP if when < self.measure_perf else PHASE_MEASURE
+        if phase == PHASE_MEASURE and self.quota is not None and self.started[phase] >= self.quota:
+            self.end_by_quota(now)  # a share of 0: nothing to measure here
+            return None
         self.started[phase] += 1
-        if phase == PHASE_MEASURE and self.quota and self.started[phase] >= self.quota:
-            self.stop(now)  # this one is the last measured request
-            self.quota_stop = True
+        if phase == PHASE_MEASURE and self.quota is not None and self.started[phase] >= self.quota:
+            self.end_by_quota(now)  # this one is the last measured request
         return phase
+
+    def end_by_quota(self, now: float) -> None:
+        self.stop(now)
+        self.quota_stop = True
 
     def stop(self, now: float) -> None:
         if not self.stopped.is_set():
@@ -146,7 +165,8 @@ class RunState:
     def write_info(self, **extra: Any) -> None:
         info: dict[str, Any] = {"pid": self.pid, "worker_index": self.worker_index}
         info.update(t0=self.t0_wall, started=self.started, stopped_at=self.stopped_at, **extra)
-        info["prompts_reused"] = max(0, self.next_plan - self.plan_start - len(PLAN))
+        closed = max(0, self.next_plan - self.plan_start - len(PLAN))
+        info["prompts_reused"] = max(closed, self.prompts_reused)
         path = Path(f"{SPEC['records_prefix']}-{self.pid}.run.json")
         tmp = path.with_suffix(".tmp")
         tmp.write_text(json.dumps(info))
@@ -315,20 +335,32 @@ class OpenLoopUser(_ServerUser):
 
     @task
     def dispatch(self) -> None:
-        state = _state()
-        rate = SPEC["rate"] / SPEC["processes"]
-        gaps = arrival_gaps(rate, SPEC["burstiness"], SPEC["seed"] * 1000 + state.worker_index)
+        """The one arrival schedule of the whole client; this process sends its share of it
+        (every ``processes``-th arrival), each with the plan entry of its arrival number."""
+        state, share = _state(), SPEC["processes"]
+        limit = SPEC["max_requests"] or None
+        gaps = arrival_gaps(SPEC["rate"], SPEC["burstiness"], SPEC["seed"] * 1000)
         group = Group()
-        t_sched = state.t0_perf
-        for gap in gaps:
+        t_sched, measured = state.t0_perf, 0
+        for arrival, gap in enumerate(gaps):
             t_sched += gap
             if t_sched >= state.stop_perf or state.stopped.is_set():
                 break
+            measured += t_sched >= state.measure_perf
+            if limit and measured > limit:  # another process sent the last measured arrival
+                state.end_by_quota(time.perf_counter())
+                break
+            if arrival % share != state.worker_index:
+                continue
             gevent.sleep(max(0.0, t_sched - time.perf_counter()))
-            phase = state.claim()
+            phase = state.claim(at=t_sched)
             if phase is None:
                 break
-            group.spawn(send_one, self, state.next_entry(), phase, t_sched)
+            state.prompts_reused += arrival >= len(PLAN)
+            group.spawn(send_one, self, PLAN[arrival % len(PLAN)], phase, t_sched)
+            if limit and measured == limit:  # the last measured arrival was this one
+                state.end_by_quota(time.perf_counter())
+                break
         group.join()  # the window's end is set by the control greenlet, at the exact time
         raise StopUser()
 
@@ -377,6 +409,30 @@ def _on_init(environment: Environment, **_kw: Any) -> None:
         environment.runner.register_message(DONE_MESSAGE, _on_worker_done)
 
 
+def _shared_t0() -> float:
+    """The client's t0 (wall clock): the first process to start sets it, the others read it
+    (``os.link`` creates the file whole, or fails because it exists)."""
+    path = Path(f"{SPEC['records_prefix']}-t0.json")
+    mine = path.with_name(f"{path.name}.{os.getpid()}")
+    mine.write_text(json.dumps(time.time()))
+    try:
+        os.link(mine, path)
+    except FileExistsError:
+        pass
+    finally:
+        mine.unlink()
+    return float(json.loads(path.read_text()))
+
+
+def _quota(index: int) -> int | None:
+    """A closed loop's share of ``max_requests`` for process ``index``: the shares add up to
+    it exactly. None without a limit, or in an open loop (its schedule counts them all)."""
+    limit, share = SPEC["max_requests"], SPEC["processes"]
+    if not limit or SPEC["mode"] != "closed":
+        return None
+    return limit // share + (1 if index < limit % share else 0)
+
+
 @events.test_start.add_listener
 def _on_test_start(environment: Environment, **_kw: Any) -> None:
     global STATE
@@ -384,9 +440,10 @@ def _on_test_start(environment: Environment, **_kw: Any) -> None:
         return  # the master of --processes sends no requests
     pid = os.getpid()
     index = max(0, getattr(environment.runner, "worker_index", 0))
-    share = math.ceil(SPEC["max_requests"] / SPEC["processes"]) if SPEC["max_requests"] else 0
     records = open(f"{SPEC['records_prefix']}-{pid}.jsonl", "a", encoding="utf-8")  # noqa: SIM115
-    STATE = RunState(time.perf_counter(), time.time(), pid, index, records, share)
+    t0_wall = _shared_t0()
+    t0_perf = time.perf_counter() - (time.time() - t0_wall)  # the same instant, on this clock
+    STATE = RunState(t0_perf, t0_wall, pid, index, records, _quota(index))
     STATE.next_plan = STATE.plan_start = index * (len(PLAN) // SPEC["processes"])
     STATE.write_info(finished=False)
     gevent.spawn(_control, environment)

@@ -72,8 +72,10 @@ def make_sampler(
     space: Mapping[str, SpecLike],
     seed: int,
     constraints_func: ConstraintsFunc | None = None,
+    parallel: bool = False,
 ) -> BaseSampler:
-    """The Optuna sampler named by ``config.name`` for one stage's parameter specs."""
+    """The Optuna sampler named by ``config.name`` for one stage's parameter specs;
+    ``parallel``: it proposes while other trials of the stage still run."""
     try:
         factory = SAMPLERS[config.name]
     except KeyError:
@@ -81,7 +83,25 @@ def make_sampler(
             f"sampler.name={config.name!r} is unknown (known: {', '.join(known_samplers())})",
             hint="pick one with sampler=<name>",
         ) from None
+    if parallel:
+        config = for_parallel(config)
     return factory(config, space, seed, constraints_func)
+
+
+# Options for proposals made while other trials run. TPE's constant liar counts a running trial
+# as a bad result, so that N proposals asked at once spread out instead of landing on the same
+# promising point N times (Optuna 5 turns it on by default; named here so that a parallel study
+# keeps it whatever the default becomes). GP needs none: Optuna's GPSampler conditions on the
+# running trials itself (q-batch acquisition). NSGA-II breeds generations and has no such
+# option; grid and random proposals do not depend on results.
+PARALLEL_OPTIONS: dict[str, dict[str, Any]] = {"tpe": {"constant_liar": True}}
+
+
+def for_parallel(config: SamplerConfig) -> SamplerConfig:
+    """``config`` with its parallel options; an option the user set wins."""
+    extra = PARALLEL_OPTIONS.get(config.name, {})
+    options = {**extra, **config.options}
+    return SamplerConfig(config.name, config.n_startup_trials, options)
 
 
 def _build(cls: type[BaseSampler], config: SamplerConfig, **kwargs: Any) -> BaseSampler:

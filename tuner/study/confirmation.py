@@ -24,12 +24,13 @@ from tuner.schema import Role, TrialAttr, confirm_label, confirm_study
 from tuner.scoring.feasibility import mean_constraints, meets
 from tuner.study.acceptance import Comparison, Decision, decide
 from tuner.study.evaluation import Evaluated, Evaluator
+from tuner.study.flights import Want
 from tuner.study.noise import NoiseEstimate, NoisePool
 from tuner.study.stages import Incumbent, Repeats, Stage, search_trials, stage_winner
 
 NOTHING_BEAT = "no feasible trial beat the incumbent"
-# (study, trial, label, params, role) -> the evaluated measurement, told to ``study`` already
-MeasureFn = Callable[[optuna.Study, optuna.Trial, str, dict[str, Any], str], Evaluated]
+# Measurements (side by side where the executor has the slots) -> each evaluated, told already
+MeasureFn = Callable[[list[Want]], list[Evaluated]]
 
 
 class Confirmation:
@@ -102,23 +103,33 @@ class Confirmation:
         if self.config.study.keeps_search_window:
             cand = Repeats([winner.values[idx]], [dict(winner.constraints)])
         for rnd in range(self.config.study.repeats):
-            for role, params, out in (
-                (Role.INCUMBENT, incumbent.params, inc),
-                (Role.CANDIDATE, cand_params, cand),
-            ):
-                result = self._run(confirm, stage.name, rnd, role, params)
+            sides = ((Role.INCUMBENT, incumbent.params, inc), (Role.CANDIDATE, cand_params, cand))
+            results = self._round(confirm, stage.name, rnd, [(r, p) for r, p, _ in sides])
+            for (_, _, out), result in zip(sides, results, strict=True):
                 out.values.append(result.values[idx])
                 out.constraints.append(dict(result.constraints))
         return inc, cand
 
-    def _run(
-        self, confirm: optuna.Study, stage: str, rnd: int, role: str, params: dict[str, Any]
-    ) -> Evaluated:
-        tag = f"{stage}/{rnd}/{role}"
-        for t in confirm.get_trials(states=(TrialState.COMPLETE,)):
-            if t.user_attrs.get(TrialAttr.CONFIRM_TAG) == tag:  # measured before an interrupt
-                return self.evaluator.from_attrs(t)
-        self.say(f"stage {stage}: confirm round {rnd + 1}/{self.config.study.repeats}: {role}")
-        trial = confirm.ask()
-        trial.set_user_attr(TrialAttr.CONFIRM_TAG, tag)
-        return self.measure(confirm, trial, confirm_label(stage), params, role)
+    def _round(
+        self, confirm: optuna.Study, stage: str, rnd: int, sides: list[tuple[str, dict[str, Any]]]
+    ) -> list[Evaluated]:
+        """Both sides of one round, in order: a side measured before an interrupt is read back;
+        the others are measured, side by side when the executor has two slots (on disjoint
+        devices, at the same time: the same conditions for both)."""
+        stored = {
+            t.user_attrs.get(TrialAttr.CONFIRM_TAG): t
+            for t in confirm.get_trials(states=(TrialState.COMPLETE,))
+        }
+        results: list[Evaluated | None] = []
+        wants = []
+        for role, params in sides:
+            tag = f"{stage}/{rnd}/{role}"
+            if tag in stored:
+                results.append(self.evaluator.from_attrs(stored[tag]))
+                continue
+            note = f"stage {stage}: confirm round {rnd + 1}/{self.config.study.repeats}: {role}"
+            attrs = {TrialAttr.CONFIRM_TAG: tag}
+            wants.append(Want(confirm, confirm_label(stage), params, role, attrs, note))
+            results.append(None)
+        measured = iter(self.measure(wants) if wants else [])
+        return [r if r is not None else next(measured) for r in results]

@@ -10,32 +10,16 @@ from __future__ import annotations
 import shlex
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import optuna
-from optuna.trial import TrialState
 
 from tuner.config import TunerConfig
-from tuner.errors import ConfigError, StudyFailedError, TunerError
-from tuner.outcome import TrialOutcome
+from tuner.errors import ConfigError, StudyFailedError
+from tuner.executor import DEVICES_ATTR, Executor, TrialFn, TrialResult, make_executor
 from tuner.paths import StudyPaths
-from tuner.quality import (
-    QualityOutputs,
-    attach_quality,
-    check_config,
-    gate_applies,
-    quality_line,
-)
-from tuner.schema import (
-    Role,
-    StudyAttr,
-    TrialAttr,
-    baseline_study,
-    confirm_label,
-    owns,
-    stage_study,
-)
+from tuner.quality import check_config
+from tuner.schema import Role, StudyAttr, TrialAttr, baseline_study, owns, stage_study
 from tuner.search import space as search_space
 from tuner.search.samplers import make_sampler
 from tuner.server import LaunchSpec
@@ -45,6 +29,10 @@ from tuner.study.confirmation import Confirmation
 from tuner.study.evaluation import Evaluated, Evaluator
 from tuner.study.failure_budget import FailureBudget
 from tuner.study.fingerprint import digest
+from tuner.study.flights import Flight, Flights, Want, record_lost
+from tuner.study.parallel import run_parallel_stage
+from tuner.study.prescreen import Prescreen
+from tuner.study.reference import QualityReference
 from tuner.study.stages import (
     Incumbent,
     Stage,
@@ -65,13 +53,11 @@ from tuner.study.stages import (
     stage_winner,
     tell_reused,
 )
-from tuner.study.storage import Heartbeat, fail_unfinished_trials, open_storage, trial_id
+from tuner.study.storage import fail_unfinished_trials, open_storage
 from tuner.trial import run_trial
 
 Progress = Callable[[str], None]
-# How a study measures one configuration: tuner.trial.run_trial (real server, real load), or a
-# table lookup in the benchmarks' replays. Same signature, same always-an-outcome contract.
-TrialFn = Callable[..., TrialOutcome]
+__all__ = ["Progress", "StudyRunner", "TrialFn"]  # TrialFn: the trial seam, tuner.executor's
 MAX_PROPOSALS_PER_TRIAL = 4
 
 
@@ -87,9 +73,12 @@ class StudyRunner:
         rebaseline: bool = False,
         trial_fn: TrialFn = run_trial,
         on_launch: BudgetHook | None = None,
+        executor: Executor | None = None,
     ) -> None:
         self.config = config
         self.trial_fn = trial_fn
+        # Where trials run (study.executor); made at run() unless the session made it already
+        self.executor = executor
         self.evaluator = evaluator
         self.fingerprint = fingerprint
         self.say = progress
@@ -104,11 +93,14 @@ class StudyRunner:
         self.on_launch: BudgetHook = on_launch or (lambda b: self.say(b.line()))
         check_config(config.quality)  # a bad quality set stops the study before any launch
         # The quality gate's reference: the baseline's outputs, kept in the storage with it
-        self.baseline_quality: QualityOutputs | None = None
+        self.quality = QualityReference(config, self.stages, self.paths, progress)
         self.baseline_ref: tuple[str, int] = ("", -1)  # (study, trial) of the baseline used
         self._done_stages: list[optuna.Study] = []  # finished stages: their measurements reused
+        # Checks of a candidate before its launch (vLLM's config, the estimator); attached by
+        # Session.preflight, so a runner built without it (tests, replays) launches directly.
+        self.prescreen: Prescreen | None = None
         self.confirmation = Confirmation(
-            config, evaluator, self._open, self._measure_told, progress
+            config, evaluator, self._open, self._measure_many, progress
         )
 
     @property
@@ -135,6 +127,8 @@ class StudyRunner:
             space = ", ".join(f"{p}: {spec_text(s)}" for p, s in st.specs.items())
             lines.append(f"stage {st.name}: {st.trials} trials over {{{space}}}")
         lines.append(f"budget: at most {launches} server launches")
+        if self.executor is not None and self.executor.name != "local":
+            lines.append(f"executor: {self.executor.name}, {self.executor.slots} trials at once")
         return "\n".join(lines)
 
     def _storage_shown(self) -> str:
@@ -147,18 +141,38 @@ class StudyRunner:
         self.paths.ensure()
         self.storage = open_storage(self.storage_url)
         self._check_resumed()
-        baseline = self._baseline()
-        incumbent, decisions = baseline, []
-        for stage in self.stages:
-            incumbent, decision = self._run_stage(stage, incumbent)
-            decisions.append(decision)
-            self.say(decision.line())
+        self.executor = self.executor or make_executor(self.config, self.trial_fn, self.say)
+        self.flights = Flights(self.executor, self.config, self.storage, self.paths,
+                               self.all_specs, self.say)  # fmt: skip
+        try:
+            baseline = self._baseline()
+            incumbent, decisions = baseline, []
+            for stage in self.stages:
+                incumbent, decision = self._run_stage(stage, incumbent)
+                decisions.append(decision)
+                self.say(decision.line())
+        finally:
+            self.close()
         # _run_stage keeps each stage's study open, in stage order
         pareto = {
             st.name: pareto_front(study)
             for st, study in zip(self.stages, self._done_stages, strict=True)
         }
         return StudyResult(baseline, incumbent, decisions, pareto)
+
+    def close(self) -> None:
+        """Release the executor (a local Ray instance shuts down); idempotent."""
+        if self.executor is not None:
+            self.executor.close()
+
+    @property
+    def parallel(self) -> bool:
+        """Proposals are asked while other trials of their stage still run."""
+        return self.executor is not None and self.executor.slots > 1
+
+    @property
+    def reuses(self) -> bool:
+        return self.config.study.reuse
 
     def _check_objectives(self, study: optuna.Study) -> None:
         """Refuse a stored study whose values are of other objectives, or in another order:
@@ -181,7 +195,8 @@ class StudyRunner:
     def _open(self, name: str, stage: Stage | None = None) -> optuna.Study:
         sampler = None
         if stage is not None:
-            sampler = make_sampler(self.config.sampler, stage.specs, self.config.study.seed)
+            sampler = make_sampler(self.config.sampler, stage.specs, self.config.study.seed,
+                                   parallel=self.parallel)  # fmt: skip
         study = optuna.create_study(
             storage=self.storage,
             study_name=name,
@@ -209,13 +224,11 @@ class StudyRunner:
         if done:
             numbers = ", ".join(str(t.number) for t in done)
             self.say(f"baseline {key}: reusing trial {numbers} (same fingerprint)")
-            self.baseline_quality = _stored_reference(done[-1])
+            self.quality.reuse(done[-1])
         self.launches.replan(planned_launches(self.config.study, self._stage_trials(0),
                                               want - len(done)))  # fmt: skip
-        while len(done) < want:
-            self.say(f"baseline {key}: measuring vLLM with the fixed args only "
-                     f"({len(done) + 1}/{want})")  # fmt: skip
-            done.append(self._measure_baseline(study))
+        if len(done) < want:  # side by side when the executor has the slots
+            done = self._measure_baselines(study, key, len(done), want)
         self.baseline_ref = (study.study_name, done[-1].number)
         baseline = baseline_incumbent(done, self.evaluator.select_index)
         self.confirmation.noise.add(baseline.params, baseline.samples)
@@ -226,72 +239,53 @@ class StudyRunner:
                                  slices))  # fmt: skip
         return baseline
 
-    def _measure_baseline(self, study: optuna.Study) -> optuna.trial.FrozenTrial:
-        trial = study.ask()
-        result = self._measure(trial, Role.BASELINE, {}, Role.BASELINE)
-        self._tell(study, trial, result)
-        if not result.outcome.ok:
-            raise StudyFailedError(
-                f"the baseline failed ({result.outcome.reason}): {result.outcome.message}",
-                hint=f"fix the fixed server args; see {result.outcome.folder}",
-            )
-        return study.get_trials(deepcopy=False)[trial.number]
+    def _measure_baselines(
+        self, study: optuna.Study, key: str, have: int, want: int
+    ) -> list[optuna.trial.FrozenTrial]:
+        note = f"baseline {key}: measuring vLLM with the fixed args only ({{}}/{want})"
+        wants = [Want(study, Role.BASELINE, {}, Role.BASELINE, note=note.format(n + 1))
+                 for n in range(have, want)]  # fmt: skip
+        for result in self._measure_many(wants, stop=lambda r: not r.outcome.ok):
+            if not result.outcome.ok:
+                raise StudyFailedError(
+                    f"the baseline failed ({result.outcome.reason}): {result.outcome.message}",
+                    hint=f"fix the fixed server args; see {result.outcome.folder}",
+                )
+        return ok_trials(study)[-want:]  # every new one is ok, and the newest
 
     # -- one trial -----------------------------------------------------------------------
     def _measure(
         self, trial: optuna.Trial, label: str, params: dict[str, Any], role: str
     ) -> Evaluated:
-        launch = search_space.to_launch(params, self.all_specs)
-        name = f"{label}-{trial.number}"
-        prefix = f"[{label} #{trial.number}]"
-        try:
-            started = time.monotonic()
-            with Heartbeat(self.storage, trial_id(self.storage, trial.study, trial.number)):
-                outcome = self.trial_fn(
-                    self.config,
-                    launch,
-                    self.paths.trial(name),
-                    name,
-                    progress=lambda msg: self.say(f"{prefix} {msg}"),
-                )
-        except (KeyboardInterrupt, TunerError) as exc:
-            # Every process is already reaped; record why this trial has no result and let
-            # the interrupt or error (e.g. a full disk) end the run (the next `tuner run`
-            # re-asks this slot), so the trial does not stay RUNNING in the storage.
-            trial.set_user_attr(TrialAttr.INTERRUPTED, True)
-            trial.study.tell(trial, state=TrialState.FAIL)
-            what = "interrupted" if isinstance(exc, KeyboardInterrupt) else "stopped by an error"
-            self.say(f"{prefix} {what}: trial marked failed; run the same command to resume")
-            raise
-        self.launches.finished(time.monotonic() - started)
+        """One trial, on the local executor (the serial stage loop), not told."""
+        self.flights.start(Want(trial.study, label, params, role), trial)
+        result = self._land(*self.flights.next())
+        assert result is not None  # the local executor never loses a trial
+        return result
+
+    def _measure_many(
+        self, wants: list[Want], stop: Callable[[Evaluated], bool] | None = None
+    ) -> list[Evaluated]:
+        """Each want measured and told, side by side as far as the executor has slots."""
+        return self.flights.measure(wants, self._land, self._tell, stop)
+
+    def _land(self, flight: Flight, result: TrialResult) -> Evaluated | None:
+        """A finished trial evaluated and recorded (not told); None when the executor lost it
+        (recorded as failed: the caller measures again)."""
+        want = flight.want
+        if result.lost:
+            record_lost(flight.trial, want, flight.prefix, result, self.say)
+            return None
+        # Launches in wall time: with N side by side, each adds 1/N of its duration.
+        assert self.executor is not None
+        self.launches.finished((time.monotonic() - flight.started) / self.executor.slots)
         self.on_launch(self.launches)
-        self._attach_quality(outcome, label, role, prefix)
-        result = self.evaluator.evaluate(outcome, params)
-        self._record(trial, result, params, label, role, launch)
-        return result
-
-    def _measure_told(
-        self, study: optuna.Study, trial: optuna.Trial, label: str, params: dict[str, Any],
-        role: str,
-    ) -> Evaluated:  # fmt: skip
-        result = self._measure(trial, label, params, role)
-        self._tell(study, trial, result)
-        return result
-
-    def _attach_quality(self, outcome: TrialOutcome, label: str, role: str, prefix: str) -> None:
-        """Score the trial's quality outputs against the baseline's (the gate's input)."""
-        q = self.config.quality
-        if not (q.enabled and outcome.ok):
-            return
-        if outcome.quality is None:
-            return
-        if role == Role.BASELINE and outcome.quality.outputs:
-            self.baseline_quality = QualityOutputs.read(Path(outcome.quality.outputs))
-        stage = next((s for s in self.stages if label in (s.name, confirm_label(s.name))), None)
-        gated = stage is not None and gate_applies(q, stage.name, stage.specs)
-        outcome.quality = attach_quality(outcome.quality, self.baseline_quality, q, gated)
-        outcome.write(self.paths.trial(outcome.trial_id).ensure().result_json)
-        self.say(f"{prefix} {quality_line(outcome.quality)}")
+        self.quality.score(result.outcome, want.label, want.role, flight.prefix)
+        evaluated = self.evaluator.evaluate(result.outcome, want.params)
+        self._record(flight.trial, evaluated, want.params, want.label, want.role, flight.launch)
+        if self.flights.parallel:
+            flight.trial.set_user_attr(DEVICES_ATTR, result.devices.to_attr())
+        return evaluated
 
     def _record(
         self,
@@ -302,10 +296,9 @@ class StudyRunner:
         role: str,
         launch: LaunchSpec,
     ) -> None:
-        for key, value in result.user_attrs(stage, role, params, launch).items():
+        attrs = {**result.user_attrs(stage, role, params, launch), **self.quality.attrs(role)}
+        for key, value in attrs.items():
             trial.set_user_attr(key, value)
-        if role == Role.BASELINE and self.baseline_quality is not None:
-            trial.set_user_attr(TrialAttr.QUALITY_REFERENCE, self.baseline_quality.to_records())
         for key, value in result.constraints.items():
             trial.set_constraint(key, value)
 
@@ -334,7 +327,11 @@ class StudyRunner:
             self._done_stages.append(study)
             return self._apply(decision, incumbent, stage), decision
         self._seed_incumbent(study, stage, incumbent)
-        while (done := len(launched_trials(study))) < stage.trials:
+        if self.prescreen is not None:
+            self.prescreen.enqueue_best(study, stage, incumbent.params)
+        if self.flights.parallel:  # several trials at once, or away from this process
+            run_parallel_stage(self, study, stage, incumbent)
+        while not self.flights.parallel and (done := len(launched_trials(study))) < stage.trials:
             if self._stage_exhausted(study, stage):
                 break
             self.say(f"stage {stage.name}: trial {done + 1}/{stage.trials}")
@@ -345,6 +342,9 @@ class StudyRunner:
             if seen is not None:
                 self._reuse(study, trial, seen, stage)
                 continue
+            screen = self.prescreen
+            if screen and screen.rejects(study, trial, stage, params, self.all_specs):
+                continue  # told as infeasible, never launched
             result = self._measure(trial, stage.name, params, Role.SEARCH)
             self._tell(study, trial, result)
             self._say_best(study, stage)
@@ -401,13 +401,3 @@ class StudyRunner:
 
     def _apply(self, decision: Decision, incumbent: Incumbent, stage: Stage) -> Incumbent:
         return after_decision(incumbent, decision, self.evaluator.select_index, stage.name)
-
-
-def _stored_reference(trial: optuna.trial.FrozenTrial) -> QualityOutputs | None:
-    """A stored baseline's quality reference; a baseline stored before the reference moved into
-    the storage still has its outputs file, when its folder is there."""
-    records = trial.user_attrs.get(TrialAttr.QUALITY_REFERENCE)
-    if records:
-        return QualityOutputs.from_records(records)
-    path = trial.user_attrs.get(TrialAttr.QUALITY_OUTPUTS)
-    return QualityOutputs.read(Path(path)) if path and Path(path).is_file() else None

@@ -60,6 +60,7 @@ class TelemetrySummary:
     # they show a client that read tokens late (set by the trial after its window).
     client_over_server: dict[str, float] = field(default_factory=dict)
     client_lagging: bool = False
+    gpu_devices: list[str] = field(default_factory=list)  # the UUIDs of the GPUs sampled
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -74,6 +75,7 @@ class TelemetrySummary:
             warnings=list(data.get("warnings", [])),
             client_over_server=dict(data.get("client_over_server", {})),
             client_lagging=bool(data.get("client_lagging", False)),
+            gpu_devices=list(data.get("gpu_devices", [])),
         )
 
 
@@ -81,7 +83,8 @@ class Telemetry:
     """All samplers of one trial behind start / watch_client / stop; also a context manager.
 
     ``base_url`` None skips /metrics, ``server_pid`` None skips the server's process tree,
-    ``gpu_indices`` None samples every GPU NVML sees and ``[]`` none.
+    ``gpu_indices`` None samples every GPU NVML sees and ``[]`` none; ``gpu_devices`` (a
+    server's CUDA_VISIBLE_DEVICES entries, indices or UUIDs) wins over it.
     """
 
     def __init__(
@@ -91,24 +94,28 @@ class Telemetry:
         api_key: str | None = None,
         server_pid: int | None = None,
         gpu_indices: list[int] | None = None,
+        gpu_devices: list[str] | None = None,
     ) -> None:
         self.config = config
         self.server_pid = server_pid
         self._warnings: list[str] = []
         self.process = ProcessSampler(config.interval_s)
-        self.gpu = self._make_gpu_sampler(gpu_indices)
+        self.gpu = self._make_gpu_sampler(gpu_indices, gpu_devices)
         self.metrics = (
             MetricsPoller(base_url, api_key, config.metrics_interval_s) if base_url else None
         )
 
-    def _make_gpu_sampler(self, indices: list[int] | None) -> NvmlSampler | None:
-        if not self.config.nvml or indices == []:
+    def _make_gpu_sampler(
+        self, indices: list[int] | None, devices: list[str] | None
+    ) -> NvmlSampler | None:
+        if not self.config.nvml or indices == [] or devices == []:
             return None
         if gpu_count() == 0:
-            if indices:  # GPUs were asked for by index, so their absence is news
-                self._warnings.append(f"NVML unavailable: no telemetry for GPUs {indices}")
+            asked = devices or indices
+            if asked:  # GPUs were asked for by name, so their absence is news
+                self._warnings.append(f"NVML unavailable: no telemetry for GPUs {asked}")
             return None
-        return NvmlSampler(self.config.interval_s, indices)
+        return NvmlSampler(self.config.interval_s, indices, devices)
 
     @property
     def samplers(self) -> list[PeriodicSampler]:
@@ -152,6 +159,7 @@ class Telemetry:
             )
         return TelemetrySummary(
             gpu=self.gpu.summary(window) if self.gpu else {},
+            gpu_devices=list(self.gpu.sampled) if self.gpu else [],
             process=self.process.summary(window),
             metrics=self.metrics.summary(window) if self.metrics else {},
             client_saturated=saturated,

@@ -85,6 +85,61 @@ def gpu_inventory() -> list[dict[str, Any]]:
         return []
 
 
+def visible_entries(visible: str | None) -> list[str] | None:
+    """``CUDA_VISIBLE_DEVICES`` as its entries (``"0,2"`` -> ["0", "2"]); None when unset."""
+    if visible is None:
+        return None
+    return [e.strip() for e in visible.split(",") if e.strip()]
+
+
+def visible_uuids(visible: str | None) -> list[str] | None:
+    """The UUIDs of the GPUs a process with ``CUDA_VISIBLE_DEVICES=visible`` sees, in its order.
+
+    An entry is a UUID (``GPU-...``, ``MIG-...``) or an index in NVML's (PCI bus) order, which
+    is CUDA's when ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` (the trial sets it). None: every GPU (the
+    variable is unset); [] without NVML, or when it names no GPU. A name NVML does not know
+    is a ConfigError: the server would run on other GPUs than the ones sampled.
+    """
+    entries = visible_entries(visible)
+    if entries is None:
+        return None
+    try:
+        with _nvml() as nv:
+            return [_uuid(nv, _handle(nv, entry)) for entry in entries]
+    except _NvmlUnavailable:
+        return []
+
+
+def _handle(nv: ModuleType, entry: str) -> Any:
+    """The NVML handle of one CUDA_VISIBLE_DEVICES entry (an index or a UUID)."""
+    if entry.isdigit():
+        count = int(nv.nvmlDeviceGetCount())
+        if int(entry) >= count:
+            raise ConfigError(
+                f"GPU {entry} does not exist: NVML sees {count} GPU(s)",
+                hint="check server.cuda_visible_devices",
+            )
+        return nv.nvmlDeviceGetHandleByIndex(int(entry))
+    try:
+        return nv.nvmlDeviceGetHandleByUUID(entry)
+    except nv.NVMLError:
+        raise ConfigError(
+            f"no GPU has the UUID {entry!r}", hint="check server.cuda_visible_devices"
+        ) from None
+
+
+def _uuid(nv: ModuleType, handle: Any) -> str:
+    return _text(nv.nvmlDeviceGetUUID(handle))
+
+
+def _uuid_or_blank(nv: ModuleType, handle: Any) -> str:
+    """A GPU's UUID for the record; "" where this driver cannot tell it."""
+    try:
+        return _uuid(nv, handle)
+    except (nv.NVMLError, AttributeError):
+        return ""
+
+
 def _describe(nv: ModuleType, index: int, driver: str) -> dict[str, Any]:
     handle = nv.nvmlDeviceGetHandleByIndex(index)
     return {
@@ -96,13 +151,26 @@ def _describe(nv: ModuleType, index: int, driver: str) -> dict[str, Any]:
 
 
 class NvmlSampler(PeriodicSampler):
-    """Samples utilisation, memory, power, SM clock and the energy counter of each GPU."""
+    """Samples utilisation, memory, power, SM clock and the energy counter of each GPU.
 
-    def __init__(self, interval_s: float = 0.5, indices: list[int] | None = None) -> None:
+    ``devices`` (a server's ``CUDA_VISIBLE_DEVICES`` entries: UUIDs, or indices in PCI order)
+    wins over ``indices``; neither samples every GPU NVML sees. A trial samples only its
+    server's GPUs, opened by UUID: an idle GPU beside it would add its idle power to the
+    trial's energy and dilute its utilisation.
+    """
+
+    def __init__(
+        self,
+        interval_s: float = 0.5,
+        indices: list[int] | None = None,
+        devices: list[str] | None = None,
+    ) -> None:
         super().__init__(interval_s, "nvml")
         self.indices = indices
+        self.devices = devices
         self._nv: ModuleType | None = None
         self._handles: dict[int, Any] = {}
+        self.sampled: list[str] = []  # the UUIDs of the GPUs sampled, in index order
         self._rows: list[dict[str, float]] = []
 
     @property
@@ -132,6 +200,8 @@ class NvmlSampler(PeriodicSampler):
         return bool(self._handles)
 
     def _open_handles(self, nv: ModuleType) -> dict[int, Any]:
+        if self.devices is not None:
+            return self._by_device(nv, self.devices)
         count = int(nv.nvmlDeviceGetCount())
         indices = list(range(count)) if self.indices is None else list(self.indices)
         bad = [i for i in indices if not 0 <= i < count]
@@ -140,7 +210,18 @@ class NvmlSampler(PeriodicSampler):
                 f"GPU indices {bad} do not exist: NVML sees {count} GPU(s)",
                 hint="check server.cuda_visible_devices",
             )
-        return {i: nv.nvmlDeviceGetHandleByIndex(i) for i in indices}
+        handles = {i: nv.nvmlDeviceGetHandleByIndex(i) for i in indices}
+        self.sampled = [_uuid_or_blank(nv, h) for h in handles.values()]
+        return handles
+
+    def _by_device(self, nv: ModuleType, devices: list[str]) -> dict[int, Any]:
+        """Handles keyed by NVML index (the summary's ``gpu<i>_`` keys); their UUIDs recorded."""
+        handles = {}
+        for device in devices:
+            handle = _handle(nv, device)
+            handles[int(nv.nvmlDeviceGetIndex(handle))] = handle
+        self.sampled = [_uuid(nv, handles[i]) for i in sorted(handles)]
+        return dict(sorted(handles.items()))
 
     def _teardown(self) -> None:
         if self._nv is not None:

@@ -1,0 +1,177 @@
+"""The driver's side of parallel trials, on a virtual clock: the real StudyRunner, samplers,
+storage and stage loop (tuner/study/parallel.py, flights.py), with an executor that runs each
+trial instantly and finishes them in the order their table durations say. Ray's own placement
+is tested for real in tests/integration/test_ray_*.py; here the driver's decisions are: what
+it asks when, what it lets start, what it records for a lost or interrupted trial.
+"""
+
+from __future__ import annotations
+
+import heapq
+from pathlib import Path
+from typing import Any
+
+import optuna
+import pytest
+
+from tuner.config import ParamSpec, SamplerConfig, TunerConfig
+from tuner.executor import REASON_EXECUTOR_LOST, Demand, TrialDevices, TrialJob, TrialResult
+from tuner.launch import LaunchSpec
+from tuner.measurement import Measurements, MetricStats
+from tuner.outcome import TrialOutcome
+from tuner.paths import TrialPaths
+from tuner.schema import Role, TrialAttr, TrialStatus
+from tuner.study.evaluation import Evaluator
+from tuner.study.runner import StudyRunner
+
+GPUS = 8
+
+
+def table_trial(config: TunerConfig, launch: LaunchSpec, paths: Any, trial_id: str,
+                progress: Any = None) -> TrialOutcome:  # fmt: skip
+    tp = int(launch.args.get("tensor_parallel_size") or 1)
+    stats = MetricStats(n=10, p50=1.0, p99=2.0)
+    m = Measurements(ttft=stats, tpot=stats, itl=MetricStats(), e2e=stats, window_s=10.0,
+                     requests_started=10, completed=10, failed=0, errors_by_kind={},
+                     error_rate=0.0, request_throughput=1.0, output_throughput=100.0 * tp,
+                     total_throughput=100.0 * tp, goodput=1.0, mean_prompt_tokens=None,
+                     mean_output_tokens=None, dispatch_lag_p99_s=None)  # fmt: skip
+    outcome = TrialOutcome(trial_id, TrialStatus.OK, ["table"], launch, measurements=m)
+    outcome.write(paths.ensure().result_json)
+    return outcome
+
+
+class VirtualExecutor:
+    """8 GPUs, ``slots`` at once; a trial of TP t lasts 100 + 10 t virtual seconds."""
+
+    name = "virtual"
+
+    def __init__(self, slots: int = GPUS, lose: set[int] = frozenset(),  # type: ignore[assignment]
+                 interrupt_at: int = 0) -> None:  # fmt: skip
+        self.slots, self.lose, self.interrupt_at = slots, set(lose), interrupt_at
+        self.now = 0.0
+        self.running: list[tuple[float, int, TrialJob]] = []
+        self.started: list[tuple[float, TrialJob]] = []
+        self.waits = 0
+
+    @property
+    def in_flight(self) -> int:
+        return len(self.running)
+
+    def _used(self) -> int:
+        return sum(job.demand.gpus for _, _, job in self.running)
+
+    def fits(self, demand: Demand) -> bool:
+        return len(self.running) < self.slots and self._used() + demand.gpus <= GPUS
+
+    def largest_node(self) -> Demand:
+        return Demand(GPUS, 64)
+
+    def submit(self, job: TrialJob) -> None:
+        assert len(self.running) < self.slots
+        self.started.append((self.now, job))
+        end = self.now + 100.0 + 10.0 * job.demand.gpus
+        heapq.heappush(self.running, (end, len(self.started), job))
+
+    def wait(self) -> TrialResult:
+        self.waits += 1
+        if self.waits == self.interrupt_at:
+            raise KeyboardInterrupt
+        end, n, job = heapq.heappop(self.running)
+        self.now = end
+        outcome = table_trial(job.config, job.launch, TrialPaths(job.folder), job.trial_id)
+        result = TrialResult(job.key, outcome, TrialDevices("virtual"))
+        if n in self.lose:
+            outcome.fail(REASON_EXECUTOR_LOST, "the node died")
+            result.lost = "the node died"
+        return result
+
+    def cancel_all(self) -> None:
+        self.running.clear()
+
+    def close(self) -> None:
+        self.running.clear()
+
+
+def _config(tmp_path: Path, tps: list[int], trials: int) -> TunerConfig:
+    config = TunerConfig(name="virtual", studies_dir=str(tmp_path))
+    config.server.device, config.server.model = "cuda", "table"
+    seqs = ParamSpec(type="categorical", choices=[16 * (i + 1) for i in range(16)])
+    tp = ParamSpec(type="categorical", choices=tps)
+    config.search_space = {"p": {"tensor_parallel_size": tp, "max_num_seqs": seqs}}
+    config.study.stages, config.study.trials_per_stage = ["p"], trials
+    config.study.repeats, config.study.baseline_measurements = 0, 2
+    config.study.reuse = False
+    config.sampler = SamplerConfig("random")
+    config.objectives.names = ["output_throughput"]
+    config.objectives.select_by = "output_throughput"
+    config.quality.enabled = False
+    return config
+
+
+def _run(config: TunerConfig, executor: VirtualExecutor) -> tuple[StudyRunner, list[str]]:
+    said: list[str] = []
+    runner = StudyRunner(
+        config, Evaluator(config), {"v": 1}, said.append, trial_fn=table_trial, executor=executor
+    )
+    runner.run()
+    return runner, said
+
+
+def _stage(config: TunerConfig) -> optuna.Study:
+    url = f"sqlite:///{config.studies_dir}/{config.name}/optuna.db"
+    return optuna.load_study(study_name=f"{config.name}:p", storage=url)
+
+
+def test_small_trials_pack_around_a_large_one_that_is_not_starved(tmp_path: Path) -> None:
+    config = _config(tmp_path, [1, 2, 8], trials=32)
+    executor = VirtualExecutor()
+    _run(config, executor)
+    stage = [(t, job) for t, job in executor.started if job.trial_id.startswith("p-")]
+    assert len(stage) == 32
+    numbers = [int(job.trial_id.split("-")[1]) for _, job in stage]
+    for i, (_, job) in enumerate(stage):
+        # asked before it, started after it: the times a large proposal was passed over
+        passed = sum(1 for n in numbers[:i] if n > numbers[i])
+        assert passed <= executor.slots, job.trial_id
+    used = [0.0] * len(stage)  # never more GPUs at once than the node has
+    for i, (start, job) in enumerate(stage):
+        end = start + 100.0 + 10.0 * job.demand.gpus
+        used[i] = sum(j.demand.gpus for s, j in stage if s <= start < s + 100 + 10 * j.demand.gpus)
+        assert used[i] <= GPUS and end > start
+    assert any(n > numbers[i] for i in range(len(numbers)) for n in numbers[:i])  # some packing
+
+
+def test_parallel_baselines_and_proposals_run_side_by_side(tmp_path: Path) -> None:
+    config = _config(tmp_path, [1, 2], trials=8)
+    executor = VirtualExecutor()
+    runner, said = _run(config, executor)
+    starts = [t for t, _ in executor.started]
+    assert starts[:2] == [0.0, 0.0]  # both baselines at once
+    assert starts[2:].count(starts[2]) >= 4  # the stage's first proposals together
+    assert runner.parallel and any("trial 8/8" in line for line in said)
+    assert len(_stage(config).trials) == 8
+
+
+def test_a_lost_trial_is_failed_and_measured_again(tmp_path: Path) -> None:
+    config = _config(tmp_path, [1, 2], trials=6)
+    executor = VirtualExecutor(slots=3, lose={4})  # the second stage trial submitted
+    _, said = _run(config, executor)
+    trials = _stage(config).trials
+    lost = [t for t in trials if t.state == optuna.trial.TrialState.FAIL]
+    assert len(lost) == 1 and lost[0].user_attrs[TrialAttr.FAILURE_REASON] == REASON_EXECUTOR_LOST
+    done = [t for t in trials if t.state == optuna.trial.TrialState.COMPLETE
+            and t.user_attrs[TrialAttr.ROLE] == Role.SEARCH]  # fmt: skip
+    assert len(done) == 6  # the budget is met
+    assert any("FAILED (executor_lost): the node died; measured again" in line for line in said)
+
+
+def test_an_interrupt_leaves_no_trial_running(tmp_path: Path) -> None:
+    config = _config(tmp_path, [1, 2], trials=8)
+    executor = VirtualExecutor(slots=4, interrupt_at=3)  # during the stage, four in flight
+    with pytest.raises(KeyboardInterrupt):
+        _run(config, executor)
+    trials = _stage(config).trials
+    assert not [t for t in trials if t.state == optuna.trial.TrialState.RUNNING]
+    failed = [t for t in trials if t.state == optuna.trial.TrialState.FAIL]
+    assert failed and all(t.user_attrs[TrialAttr.INTERRUPTED] for t in failed)

@@ -1,0 +1,210 @@
+"""The trials a study has on its executor: asked, submitted, heartbeating, and landed.
+
+The runner decides what to measure; this module carries each measurement through the executor
+(:mod:`tuner.executor`): a :class:`Want` is asked from its Optuna study when a slot is free, its
+launch submitted, its storage heartbeat kept while it runs, and its result handed back to the
+runner's ``land`` (evaluate, record) and ``tell``. With the local executor that is one trial at
+a time, in order, as a study always ran; with more slots, trials of a batch run side by side.
+
+Whatever stops a run (an interrupt, an error, a spent failure budget) stops every trial in
+flight first and marks each failed, so none stays RUNNING in the storage; a job the executor
+lost is recorded as failed (``executor_lost``) and measured again.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import optuna
+from optuna.trial import TrialState
+
+from tuner.config import TunerConfig
+from tuner.errors import StudyFailedError
+from tuner.executor import DEVICES_ATTR, Executor, TrialJob, TrialResult, demand_of
+from tuner.launch import LaunchSpec
+from tuner.paths import StudyPaths
+from tuner.schema import TrialAttr, TrialStatus
+from tuner.search import space as search_space
+from tuner.study.evaluation import Evaluated
+from tuner.study.storage import Heartbeat, trial_id
+
+MAX_LOST_PER_WANT = 3  # a measurement lost this often is not the executor's bad luck
+
+
+@dataclass
+class Want:
+    """One measurement the runner wants, asked from ``study`` when a slot is free."""
+
+    study: optuna.Study
+    label: str
+    params: dict[str, Any]
+    role: str
+    attrs: dict[str, Any] = field(default_factory=dict)  # set on the trial once asked
+    note: str = ""  # said when it starts
+
+
+@dataclass
+class Flight:
+    """A trial on the executor."""
+
+    want: Want
+    trial: optuna.Trial
+    launch: LaunchSpec
+    job: TrialJob
+    heartbeat: Heartbeat
+    started: float = field(default_factory=time.monotonic)
+
+    @property
+    def prefix(self) -> str:
+        return self.job.prefix
+
+
+Land = Callable[[Flight, TrialResult], Evaluated | None]  # None: the executor lost it
+Tell = Callable[[optuna.Study, optuna.Trial, Evaluated], None]
+
+
+class Flights:
+    """The trials in flight on one executor, keyed by job key."""
+
+    def __init__(
+        self,
+        executor: Executor,
+        config: TunerConfig,
+        storage: optuna.storages.RDBStorage,
+        paths: StudyPaths,
+        specs: dict[str, Any],
+        say: Callable[[str], None],
+    ) -> None:
+        self.executor, self.config, self.storage = executor, config, storage
+        self.paths, self.specs, self.say = paths, specs, say
+        self.active: dict[str, Flight] = {}
+
+    @property
+    def parallel(self) -> bool:
+        """Trials may run side by side (or away from this process): not the serial path."""
+        return self.executor.name != "local"
+
+    def launch_of(self, params: dict[str, Any]) -> LaunchSpec:
+        return search_space.to_launch(params, self.specs)
+
+    def fits(self, params: dict[str, Any]) -> bool:
+        return self.executor.fits(demand_of(self.config, self.launch_of(params)))
+
+    def start(self, want: Want, trial: optuna.Trial) -> Flight:
+        """Submit ``trial`` (asked already) to the executor, under a storage heartbeat."""
+        launch = self.launch_of(want.params)
+        name = f"{want.label}-{trial.number}"
+        job = TrialJob(
+            key=f"{trial.study.study_name}#{trial.number}",
+            trial_id=name,
+            config=self.config,
+            launch=launch,
+            folder=self.paths.trial(name).root,
+            prefix=f"[{want.label} #{trial.number}]",
+            demand=demand_of(self.config, launch),
+        )
+        beat = Heartbeat(self.storage, trial_id(self.storage, trial.study, trial.number))
+        flight = Flight(want, trial, launch, job, beat.__enter__())
+        self.active[job.key] = flight
+        self.executor.submit(job)
+        return flight
+
+    def next(self) -> tuple[Flight, TrialResult]:
+        """The next trial to finish, with its result; whatever the wait raises stops every
+        trial in flight first (:meth:`abandon`)."""
+        try:
+            result = self.executor.wait()
+        except BaseException as exc:
+            self.abandon(exc)
+            raise
+        flight = self.active.pop(result.key)
+        flight.heartbeat.__exit__(None, None, None)
+        return flight, result
+
+    def abandon(self, exc: BaseException) -> None:
+        """Stop the trials in flight and mark each failed: the next run re-asks them."""
+        self.executor.cancel_all()
+        what = "interrupted" if isinstance(exc, KeyboardInterrupt) else "stopped by an error"
+        for flight in list(self.active.values()):
+            flight.heartbeat.__exit__(None, None, None)
+            flight.trial.set_user_attr(TrialAttr.INTERRUPTED, True)
+            flight.trial.study.tell(flight.trial, state=TrialState.FAIL)
+            self.say(f"{flight.prefix} {what}: trial marked failed; run the same command to resume")
+        self.active.clear()
+
+    def measure(self, wants: list[Want], land: Land, tell: Tell,
+                stop: Callable[[Evaluated], bool] | None = None) -> list[Evaluated]:  # fmt: skip
+        """Measure every want, ``executor.slots`` at a time, and tell each as it lands; a lost
+        one is asked again. ``stop``: no new trial starts once a landed one meets it."""
+        results: dict[int, Evaluated] = {}
+        queue = list(enumerate(wants))
+        lost = dict.fromkeys(range(len(wants)), 0)
+        waiting: dict[str, int] = {}
+        stopped = False
+        try:
+            while queue or waiting:
+                while queue and not stopped and len(waiting) < self.executor.slots:
+                    index, want = queue.pop(0)
+                    waiting[self._ask(want).job.key] = index
+                flight, result = self.next()
+                index = waiting.pop(flight.job.key)
+                evaluated = land(flight, result)
+                if evaluated is None:
+                    lost[index] += 1
+                    _check_lost(lost[index], flight)
+                    queue.insert(0, (index, flight.want))
+                    continue
+                tell(flight.want.study, flight.trial, evaluated)
+                results[index] = evaluated
+                stopped = stopped or bool(stop and stop(evaluated))
+        except BaseException as exc:
+            if self.active:
+                self.abandon(exc)
+            raise
+        return [results[i] for i in sorted(results)]
+
+    def _ask(self, want: Want) -> Flight:
+        if want.note:
+            self.say(want.note)
+        trial = want.study.ask()
+        for key, value in want.attrs.items():
+            trial.set_user_attr(key, value)
+        return self.start(want, trial)
+
+
+def record_lost(
+    trial: optuna.Trial, want: Want, prefix: str, result: TrialResult, say: Callable[[str], None]
+) -> None:
+    """A trial the executor lost: failed (Optuna's FAIL: no sampler learns from it, and the
+    stage's budget does not count it), with the reason and where it ran."""
+    outcome = result.outcome
+    attrs = {
+        TrialAttr.STAGE: want.label,
+        TrialAttr.ROLE: want.role,
+        TrialAttr.STATUS: TrialStatus.FAILED,
+        TrialAttr.FAILURE_REASON: outcome.reason,
+        TrialAttr.FAILURE_MESSAGE: outcome.message[:500],
+        TrialAttr.FOLDER: outcome.folder,
+        TrialAttr.PARAMS_ALL: {k: _plain(v) for k, v in want.params.items()},
+        DEVICES_ATTR: result.devices.to_attr(),
+    }
+    for key, value in attrs.items():
+        trial.set_user_attr(key, value)
+    trial.study.tell(trial, state=TrialState.FAIL)
+    say(f"{prefix} FAILED ({outcome.reason}): {outcome.message}; measured again")
+
+
+def _plain(value: Any) -> Any:
+    return value if isinstance(value, str | int | float | bool) or value is None else str(value)
+
+
+def _check_lost(times: int, flight: Flight) -> None:
+    if times >= MAX_LOST_PER_WANT:
+        raise StudyFailedError(
+            f"the executor lost the trial {flight.prefix} {times} times; last: "
+            f"{flight.want.label} with {flight.want.params}",
+            hint="check the Ray cluster's nodes (`ray status`); the study can be resumed",
+        )
