@@ -10,6 +10,8 @@ types under gevent and must not pull in Optuna, pandas or Hydra on the way.
 - scoring:      the :class:`Objective` / :class:`Constraint` seam and their registries
 - trials:       :func:`run_trial` (launch, load, measure, stop) and its :class:`TrialOutcome`
 - studies:      :class:`StudyRunner`, :class:`Evaluator`, the acceptance rule :func:`decide`
+- plan:         :class:`Estimator` of a :class:`PlanPoint` on a GPU system (AIConfigurator, the
+                ``plan`` extra) and :func:`estimate_vs_measured`
 """
 
 from __future__ import annotations
@@ -82,6 +84,12 @@ _OWNERS: dict[str, str] = {
     "StudyAttr": "tuner.schema",
     "TrialAttr": "tuner.schema",
     "TrialStatus": "tuner.schema",
+    # estimates before launching (the plan extra)
+    "Estimator": "tuner.plan.estimate",
+    "PlanPoint": "tuner.plan.estimate",
+    "Fit": "tuner.plan.estimate",
+    "Agreement": "tuner.plan.fidelity",
+    "estimate_vs_measured": "tuner.plan.fidelity",
 }
 
 __all__ = [
@@ -90,11 +98,14 @@ __all__ = [
     "NOISE_RULES",
     "NO_DATA_VIOLATION",
     "UNSET_SLO",
+    "Agreement",
     "Comparison",
     "ConfigError",
     "Constraint",
     "Decision",
+    "Estimator",
     "Evaluator",
+    "Fit",
     "LaunchSpec",
     "LengthDist",
     "LocustLoadGenerator",
@@ -105,6 +116,7 @@ __all__ = [
     "Objective",
     "ObjectiveContext",
     "ParamSpec",
+    "PlanPoint",
     "RequestClass",
     "RequestRecord",
     "Role",
@@ -125,6 +137,7 @@ __all__ = [
     "compose",
     "counter_deltas",
     "decide",
+    "estimate_vs_measured",
     "has_traffic",
     "histogram_means",
     "make_backend",
@@ -171,6 +184,8 @@ if TYPE_CHECKING:  # the same names, eagerly, for type checkers and IDEs
     from tuner.measurement import Measurements, MetricStats, measure, token_rate, window_slices
     from tuner.outcome import TrialOutcome
     from tuner.paths import StudyPaths
+    from tuner.plan.estimate import Estimator, Fit, PlanPoint
+    from tuner.plan.fidelity import Agreement, estimate_vs_measured
     from tuner.records import RequestRecord, read_records
     from tuner.schema import Role, StudyAttr, TrialAttr, TrialStatus
     from tuner.scoring.objective import (

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import shlex
 import signal
 import sys
@@ -37,9 +38,24 @@ def default_config_dir() -> Path:
 OPEN_MAPPINGS = ("server.args.", "server.env.")
 
 
+# Shell command lines as values: `=`, quotes and brackets would trip Hydra's override grammar.
+VERBATIM = ("server.from_command=",)
+
+
+def _verbatim(override: str) -> str:
+    """``key=value`` with the value quoted for Hydra, unless the user quoted it already."""
+    key, value = override.split("=", 1)
+    if value[:1] in ("'", '"'):
+        return override
+    # Hydra unescapes a backslash only before a quote or at the end: double exactly those.
+    escaped = re.sub(r"(\\*)('|$)", lambda m: m.group(1) * 2 + ("\\'" if m.group(2) else ""), value)
+    return f"{key}='{escaped}'"
+
+
 def _open_mapping_overrides(overrides: Sequence[str]) -> list[str]:
     """`server.args.x=1` means add-or-replace (Hydra would demand `+` for a new key)."""
-    return [f"++{o}" if o.startswith(OPEN_MAPPINGS) else o for o in overrides]
+    quoted = [_verbatim(o) if o.startswith(VERBATIM) else o for o in overrides]
+    return [f"++{o}" if o.startswith(OPEN_MAPPINGS) else o for o in quoted]
 
 
 def compose(overrides: Sequence[str], config_dir: Path | None = None) -> TunerConfig:
@@ -65,6 +81,10 @@ def compose(overrides: Sequence[str], config_dir: Path | None = None) -> TunerCo
     assert isinstance(config, TunerConfig)
     _resolve_local_paths(config)
     config.validate()
+    from tuner.server.command import start_from_today
+
+    if start_from_today(config.server, overrides):  # today's deployment: the fixed args
+        _resolve_local_paths(config)
     for_trial(config)  # the placement must be possible on this host before anything starts
     return config
 
@@ -119,6 +139,12 @@ def cmd_trial(args: argparse.Namespace) -> int:
     backend.preflight()
     if args.dry_run:
         return _print_plan(config, backend.argv())
+    from tuner.plan.validate import ConfigValidator, validates
+
+    # vLLM builds its engine config from these flags here, in milliseconds once warm: a bad
+    # flag is one line and exit 2, before a server start that would end in its usage text.
+    if validates(config.server):
+        ConfigValidator(config.server).preflight(LaunchSpec())
     study.ensure()
     outcome = run_trial(config, LaunchSpec(), paths, trial_id, progress=_say)
     _print_outcome(outcome)
@@ -147,9 +173,9 @@ def _print_outcome(outcome: object) -> None:
 
     assert isinstance(outcome, TrialOutcome)
     if not outcome.ok:
+        # The message holds vLLM's root cause and the log's path; the log's tail would be
+        # its 40-line usage text when a flag was refused.
         print(f"FAILED: {outcome.reason}: {outcome.message}")
-        if outcome.log_tail:
-            print("last lines of server.log:\n" + outcome.log_tail)
         print(f"result: {outcome.folder}/result.json")
         return
     m = outcome.metrics()
@@ -252,6 +278,97 @@ def _add_review(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     dash.set_defaults(func=cmd_dashboard)
 
 
+def cmd_plan(args: argparse.Namespace) -> int:
+    """Estimate the study's search space on a GPU system (AIConfigurator, offline)."""
+    from tuner.plan.command import plan_command
+
+    return plan_command(compose(args.overrides, args.config_dir), args.target_rps, args.out)
+
+
+def cmd_capacity(args: argparse.Namespace) -> int:
+    """The highest rate the chosen config sustains within the SLOs; replicas for a target."""
+    from tuner.deployment.capacity import CapacityRequest, capacity_command
+
+    _quiet_libraries()
+    request = CapacityRequest(
+        args.study, args.storage, args.studies_dir, args.trial, args.stage, args.target_rps,
+        args.headroom, args.start_rps, args.window_s, args.max_steps,
+    )  # fmt: skip
+    return capacity_command(request, progress=_say)
+
+
+def _add_planning(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    plan = sub.add_parser("plan", help="estimate the search space on a GPU system, no launch")
+    plan.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. plan.system=h200_sxm")
+    plan.add_argument("--config-dir", type=Path, default=None, help="instead of conf/")
+    plan.add_argument("--target-rps", type=float, default=None, help="size replicas for this")
+    plan.add_argument("--out", type=Path, default=None, help="default: studies/<name>/plan")
+    plan.set_defaults(func=cmd_plan)
+    cap = sub.add_parser("capacity", help="the highest rate within the SLOs, on the real server")
+    _add_study(cap)
+    cap.add_argument("--trial", type=int, default=None, help="this trial of --stage")
+    cap.add_argument("--stage", default=None, help="the stage of --trial (or baseline)")
+    cap.add_argument("--target-rps", type=float, default=None, help="size replicas for this")
+    cap.add_argument("--headroom", type=float, default=0.3, help="spare fraction, in [0, 1)")
+    cap.add_argument("--start-rps", type=float, default=None, help="first rate of the sweep")
+    cap.add_argument("--window-s", type=float, default=None, help="each rate's window")
+    cap.add_argument("--max-steps", type=int, default=10, help="rates to measure at most")
+    cap.set_defaults(func=cmd_capacity)
+
+
+def _client_cpus(text: str | None) -> tuple[int, ...] | None:
+    from tuner.host.placement import parse_cpus
+
+    return parse_cpus(text, "--client-cpus") if text else None
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    """Measure a running deployment with its evidence's workload: 0 pass, 1 regression."""
+    from tuner.deployment.check import CheckOptions, check_command
+
+    options = CheckOptions(
+        args.url, args.evidence, args.api_key_env, args.windows, args.out, args.wait_s,
+        args.tokenizer, _client_cpus(args.client_cpus),
+    )  # fmt: skip
+    return check_command(options, say=_say)
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    """Two running endpoints under one workload, interleaved: B better, worse or the same."""
+    from tuner.deployment.compare import CompareOptions, compare_command
+
+    options = CompareOptions(
+        args.url_a, args.url_b, args.api_key_env, args.api_key_env_b, args.windows, args.out,
+        args.wait_s, _client_cpus(args.client_cpus),
+    )  # fmt: skip
+    return compare_command(compose(args.overrides, args.config_dir), options, say=_say)
+
+
+def _add_endpoint_options(p: argparse.ArgumentParser, windows: int, out: str) -> None:
+    p.add_argument("--api-key-env", default=None, help="the variable holding the API key")
+    p.add_argument("--windows", type=int, default=windows, help=f"default: {windows}")
+    p.add_argument("--out", type=Path, default=Path(out), help=f"reports; default: {out}")
+    p.add_argument("--wait-s", type=float, default=30.0, help="for the endpoint to answer")
+    p.add_argument("--client-cpus", default=None, help="pin the load generator, e.g. 1")
+
+
+def _add_deployment(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    check = sub.add_parser("check", help="is a running deployment as good as its evidence")
+    check.add_argument("--url", required=True, help="the deployment, e.g. http://host:8000")
+    check.add_argument("--evidence", type=Path, required=True, help="export/evidence.json")
+    check.add_argument("--tokenizer", type=Path, default=None, help="local copy of the model")
+    _add_endpoint_options(check, 3, "tuner-check")
+    check.set_defaults(func=cmd_check)
+    compare = sub.add_parser("compare", help="two running endpoints, interleaved: B vs A")
+    compare.add_argument("overrides", nargs="*", help="Hydra overrides: workload, slo, model")
+    compare.add_argument("--url-a", required=True, help="the endpoint to compare with")
+    compare.add_argument("--url-b", required=True, help="the endpoint under test")
+    compare.add_argument("--api-key-env-b", default=None, help="B's key, if not --api-key-env")
+    compare.add_argument("--config-dir", type=Path, default=None, help="instead of conf/")
+    _add_endpoint_options(compare, 4, "tuner-compare")
+    compare.set_defaults(func=cmd_compare)
+
+
 def _add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. workload.concurrency=8")
     p.add_argument("--dry-run", action="store_true", help="print the plan, start nothing")
@@ -270,6 +387,8 @@ def build_parser() -> argparse.ArgumentParser:
     trial.add_argument("--trial-id", default=None, help="folder name under trials/")
     trial.set_defaults(func=cmd_trial)
     _add_review(sub)
+    _add_planning(sub)
+    _add_deployment(sub)
     return parser
 
 

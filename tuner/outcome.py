@@ -22,6 +22,11 @@ from tuner.telemetry import TelemetrySummary
 
 REASON_LOADGEN = "load_generator_failed"
 REASON_NO_COMPLETED = "no_completed_requests"
+# Told without a launch: vLLM's own config validation refused the flags, or the GPU estimator
+# says the configuration cannot fit (study.prescreen). Neither counts as a launch.
+REASON_INVALID_CONFIG = "invalid_config"
+REASON_SCREENED = "screened"
+NOT_LAUNCHED = (REASON_INVALID_CONFIG, REASON_SCREENED)
 
 CpuList = tuple[int, ...]
 

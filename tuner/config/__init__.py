@@ -10,9 +10,11 @@ DictConfig. Validation that needs more than a type lives in :meth:`validate` met
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import urlsplit
 
 from tuner.config.executor import EXECUTORS, RayConfig
 from tuner.config.plan import PlanConfig
@@ -54,7 +56,8 @@ class ServerConfig:
     url: str | None = None  # kind=external: a running endpoint, measured and never signalled
 
     def validate(self) -> None:
-        if self.model == MISSING_MODEL or not self.model:
+        self._validate_sources()
+        if (self.model == MISSING_MODEL or not self.model) and not self.starts_from_today:
             raise ConfigError("server.model is not set", hint="pass server.model=/path/to/model")
         if self.device not in ("cpu", "cuda"):
             raise ConfigError(f"server.device must be 'cpu' or 'cuda', got {self.device!r}")
@@ -64,6 +67,36 @@ class ServerConfig:
             raise ConfigError(f"server.port must be 0..65535, got {self.port}")
         if self.startup_timeout_s <= 0 or self.stop_grace_s < 0:
             raise ConfigError("server.startup_timeout_s must be > 0 and stop_grace_s >= 0")
+
+    @property
+    def starts_from_today(self) -> bool:
+        """The fixed args come from a deployment's command or config file (tuner.server.command)."""
+        return bool(self.from_command or self.from_config)
+
+    def _validate_sources(self) -> None:
+        """A deployment command or config file, or a running endpoint: cheap checks first."""
+        if self.from_command and self.from_config:
+            raise ConfigError("server.from_command and server.from_config exclude each other")
+        if self.from_command is not None and not self.from_command.strip():
+            raise ConfigError("server.from_command is empty", hint="e.g. 'vllm serve MODEL ...'")
+        if self.from_config and not os.path.isfile(os.path.expanduser(self.from_config)):
+            raise ConfigError(f"server.from_config {self.from_config!r} is not a file")
+        if self.url is not None:
+            check_http_url(self.url, "server.url")
+        if self.kind == "external" and not self.url:
+            raise ConfigError(
+                "server=external needs server.url", hint="e.g. server.url=http://host:8000"
+            )
+
+
+def check_http_url(url: str, where: str) -> str:
+    """``url`` if it is an http(s) URL with a host, else a ConfigError naming ``where``."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise ConfigError(
+            f"{where}={url!r} is not an http(s) URL", hint="e.g. http://127.0.0.1:8000"
+        )
+    return url
 
 
 @dataclass

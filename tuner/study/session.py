@@ -18,6 +18,7 @@ import yaml
 
 from tuner.config import TunerConfig
 from tuner.errors import ConfigError, PreflightError
+from tuner.executor import Executor, make_executor
 from tuner.host.placement import for_trial
 from tuner.quality import quality_fingerprint
 from tuner.search import checks as space_checks
@@ -27,10 +28,12 @@ from tuner.server.vllm_parser import check_argv, vllm_flags, vllm_version
 from tuner.study.budget import BudgetHook
 from tuner.study.evaluation import Evaluator
 from tuner.study.fingerprint import fingerprint, hardware, public_env
+from tuner.study.prescreen import Prescreen
 from tuner.study.runner import Progress, StudyRunner
 from tuner.study.stages import StudyResult
 from tuner.study.storage import check_url
-from tuner.telemetry import gpu_count, gpu_inventory
+from tuner.telemetry import gpu_inventory
+from tuner.trial import run_trial
 
 
 @dataclass
@@ -47,6 +50,9 @@ class Session:
         # the running study is measuring with) before it learns that it cannot run.
         self._take_lock()
         cfg = self.config
+        # vLLM's engine-config check of the fixed args and of every candidate before its
+        # launch (tuner.study.prescreen); its worker imports vLLM while the checks below run.
+        prescreen = Prescreen.open(cfg, self.runner.evaluator, self.runner.say)
         python = cfg.server.python or _sys_python()
         unknown = space_checks.unknown_params(cfg.search_space, vllm_flags(python))
         if unknown:
@@ -58,6 +64,8 @@ class Session:
         error = check_argv(python, _flag_part(backend.argv(), cfg))
         if error:
             raise PreflightError(f"vLLM rejects the fixed server args: {error}")
+        prescreen.preflight()
+        self.runner.prescreen = prescreen
 
     def _take_lock(self) -> None:
         """One `tuner run` per study folder: a second one would mark the first's trials failed."""
@@ -107,6 +115,9 @@ class Session:
         return "\n".join(lines)
 
     def close(self) -> None:
+        self.runner.close()  # the executor: a local Ray instance shuts down
+        if self.runner.prescreen is not None and self.runner.prescreen.validator is not None:
+            self.runner.prescreen.validator.close()  # the warm vLLM worker ends with the run
         if self._lock is not None:
             with contextlib.suppress(OSError):
                 fcntl.flock(self._lock, fcntl.LOCK_UN)
@@ -159,10 +170,27 @@ def open_session(
     on_launch: BudgetHook | None = None,
 ) -> Session:
     """Everything a run or a dry run needs; cheap checks (search space, devices) happen here."""
-    # The CPUs this process may use (a container or taskset allows fewer than the host has)
-    cpus = len(os.sched_getaffinity(0))
-    device_count = gpu_count() if config.server.device == "cuda" else cpus
     search_space.validate_space(config.search_space)
+    # Where trials run, checked now (exit 2): Ray's cluster reached, the study's trials against
+    # its nodes. Devices are per node: the GPUs a server may see (server.cuda_visible_devices,
+    # else all) and the CPUs this process may use (a container or taskset allows fewer).
+    executor = make_executor(config, run_trial, progress)
+    try:
+        return _open(config, rebaseline, progress, on_launch, executor)
+    except BaseException:
+        executor.close()
+        raise
+
+
+def _open(
+    config: TunerConfig,
+    rebaseline: bool,
+    progress: Progress,
+    on_launch: BudgetHook | None,
+    executor: Executor,
+) -> Session:
+    largest = executor.largest_node()
+    device_count = largest.gpus if config.server.device == "cuda" else largest.cpus
     space_checks.validate_against_devices(
         config.search_space, config.server.device, device_count, fixed_args=config.server.args
     )
@@ -174,7 +202,9 @@ def open_session(
         config, vllm_version(python), hardware(config.server.device, gpus)
     )
     fp["quality"] = quality_fingerprint(config.quality)  # the gate's reference outputs
-    runner = StudyRunner(config, evaluator, fp, progress, rebaseline, on_launch=on_launch)
+    runner = StudyRunner(
+        config, evaluator, fp, progress, rebaseline, on_launch=on_launch, executor=executor
+    )
     check_url(runner.storage_url)
     backend = make_backend(config.server, LaunchSpec(), Path(os.devnull))
     backend.preflight()  # model folder, port: milliseconds, so even --dry-run checks them

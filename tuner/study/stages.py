@@ -16,6 +16,7 @@ import optuna
 from optuna.trial import TrialState
 
 from tuner.config import ParamSpec, ServerConfig, TunerConfig
+from tuner.outcome import NOT_LAUNCHED
 from tuner.schema import REFINE, Role, TrialAttr, TrialStatus
 from tuner.scoring.feasibility import mean_constraints, meets, violation
 from tuner.search import space as search_space
@@ -128,8 +129,14 @@ def stage_winner(
 
 
 def launched_trials(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
-    """The search trials that started a server (a stage's budget counts these)."""
-    return [t for t in search_trials(study) if TrialAttr.REUSED_FROM not in t.user_attrs]
+    """The search trials that started a server (a stage's budget counts these): not a reused
+    measurement, nor a candidate refused before its launch (tuner.study.prescreen)."""
+    return [
+        t
+        for t in search_trials(study)
+        if TrialAttr.REUSED_FROM not in t.user_attrs
+        and t.user_attrs.get(TrialAttr.FAILURE_REASON) not in NOT_LAUNCHED
+    ]
 
 
 def _point(params: dict[str, Any]) -> str:
