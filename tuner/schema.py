@@ -100,6 +100,7 @@ class TrialAttr:
     REUSED_FROM_STAGE: Final = "reused_from_stage"
     CONFIRM_TAG: Final = "confirm_tag"  # a confirmation slot: <stage>/<round>/<side>
     INTERRUPTED: Final = "interrupted"  # the run stopped during this trial
+    DEVICES: Final = "devices"  # where the trial ran: node, GPUs assigned and sampled, CPUs
     QUALITY_GATED: Final = "quality_gated"
     QUALITY_ERRORS: Final = "quality_errors"
     QUALITY_DROPS: Final = "quality_drops"

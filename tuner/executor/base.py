@@ -25,16 +25,29 @@ from tuner.config import TunerConfig
 from tuner.errors import ConfigError
 from tuner.launch import LaunchSpec
 from tuner.outcome import TrialOutcome
+from tuner.paths import TrialPaths
+from tuner.schema import TrialAttr
 from tuner.search.checks import devices_needed
 
 REASON_EXECUTOR_LOST = "executor_lost"
-DEVICES_ATTR = "devices"  # a trial's user attr: where it ran (TrialDevices.to_attr)
+DEVICES_ATTR = TrialAttr.DEVICES  # a trial's user attr: where it ran (TrialDevices.to_attr)
 
 Say = Callable[[str], None]
-# How a study measures one configuration: tuner.trial.run_trial (real server, real load), or a
-# table lookup in the benchmarks' replays. (config, launch, paths, trial_id, progress=...) ->
-# an outcome, always: only an interrupt or a TunerError (a full disk) raises.
-TrialFn = Callable[..., TrialOutcome]
+
+
+class TrialFn(Protocol):
+    """How a study measures one configuration: :func:`tuner.trial.run_trial` (a real server and
+    real load), or a table lookup in the benchmarks' replays. It always returns an outcome: only
+    an interrupt or a TunerError (a full disk) raises."""
+
+    def __call__(
+        self,
+        config: TunerConfig,
+        launch: LaunchSpec,
+        paths: TrialPaths,
+        trial_id: str,
+        progress: Say = ...,
+    ) -> TrialOutcome: ...
 
 
 @dataclass(frozen=True)
