@@ -128,7 +128,8 @@ class StudyRunner:
             lines.append(f"stage {st.name}: {st.trials} trials over {{{space}}}")
         lines.append(f"budget: at most {launches} server launches")
         if self.executor is not None and self.executor.name != "local":
-            lines.append(f"executor: {self.executor.name}, {self.executor.slots} trials at once")
+            n = self.executor.slots
+            lines.append(f"executor: {self.executor.name}, {n} trial{'s' * (n > 1)} at once")
         return "\n".join(lines)
 
     def _storage_shown(self) -> str:
