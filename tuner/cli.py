@@ -45,7 +45,7 @@ VERBATIM = ("server.from_command=",)
 def _verbatim(override: str) -> str:
     """``key=value`` with the value quoted for Hydra, unless the user quoted it already."""
     key, value = override.split("=", 1)
-    if value[:1] in ("'", '"'):
+    if value[:1] in ("'", '"') or value == "null":  # null: no command (start from the args)
         return override
     # Hydra unescapes a backslash only before a quote or at the end: double exactly those.
     escaped = re.sub(r"(\\*)('|$)", lambda m: m.group(1) * 2 + ("\\'" if m.group(2) else ""), value)

@@ -173,3 +173,8 @@ def test_run_dry_run_prints_every_stage_and_the_refinement(
     assert "tensor_parallel_size" in refine  # the union of every group
     # 3 baseline measurements + 6 stages x (6 trials + 2 x 2 confirmations)
     assert "budget: at most 63 server launches" in out
+
+
+def test_from_command_null_clears_the_presets_command() -> None:
+    # The quickstart preset starts from a command; null starts from the fixed args instead.
+    assert compose(["server.from_command=null"]).server.from_command is None
