@@ -52,10 +52,25 @@ def _verbatim(override: str) -> str:
     return f"{key}='{escaped}'"
 
 
+# Where today's deployment comes from: one source at a time.
+DEPLOYMENT_SOURCES = ("server.from_command", "server.from_config")
+
+
+def _one_deployment_source(overrides: Sequence[str]) -> list[str]:
+    """A source named on the command line replaces the other one a preset may set: the
+    quickstart starts from a command, and `server.from_config=x.yaml` means start from x."""
+    named = {o.split("=", 1)[0].lstrip("+") for o in overrides if "=" in o}
+    given = [s for s in DEPLOYMENT_SOURCES if s in named]
+    if len(given) != 1:  # neither, or both (which validation then rejects)
+        return list(overrides)
+    other = next(s for s in DEPLOYMENT_SOURCES if s not in given)
+    return [f"{other}=null", *overrides]
+
+
 def _open_mapping_overrides(overrides: Sequence[str]) -> list[str]:
     """`server.args.x=1` means add-or-replace (Hydra would demand `+` for a new key)."""
     quoted = [_verbatim(o) if o.startswith(VERBATIM) else o for o in overrides]
-    return [f"++{o}" if o.startswith(OPEN_MAPPINGS) else o for o in quoted]
+    return [f"++{o}" if o.startswith(OPEN_MAPPINGS) else o for o in _one_deployment_source(quoted)]
 
 
 def compose(overrides: Sequence[str], config_dir: Path | None = None) -> TunerConfig:

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from hydra.core.override_parser.overrides_parser import OverridesParser
 
-from tuner.cli import _verbatim
+from tuner.cli import _verbatim, compose
 from tuner.config import ServerConfig
 from tuner.errors import ConfigError
 from tuner.redact import MASK
@@ -163,3 +163,14 @@ def test_server_sources_are_validated_before_any_parse(tmp_path: Any) -> None:
     with pytest.raises(ConfigError, match=r"needs server\.url"):
         ServerConfig(kind="external", model="m").validate()
     ServerConfig(from_command="vllm serve m").validate()  # the model may come from the command
+
+
+def test_a_source_named_on_the_command_line_replaces_the_presets(tmp_path: Any) -> None:
+    """The quickstart preset starts from a command; `server.from_config=...` means start from
+    that file instead, not 'both' (which is refused when both are named)."""
+    missing = tmp_path / "nope.yaml"
+    with pytest.raises(ConfigError, match="is not a file"):  # validated as the only source
+        compose(["study=quickstart", f"server.from_config={missing}"])
+    both = ["study=quickstart", f"server.from_config={missing}", "server.from_command=vllm serve m"]
+    with pytest.raises(ConfigError, match="exclude each other"):
+        compose(both)
