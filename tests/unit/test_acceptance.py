@@ -88,6 +88,30 @@ def test_an_infeasible_incumbent_gives_way_to_a_feasible_candidate() -> None:
     assert not d.accepted  # both feasible: the gain rule
 
 
+def test_with_neither_feasible_the_candidate_that_misses_by_less_is_a_step_forward() -> None:
+    # The silicon table's stall: defaults over both SLOs, TP 8 over TTFT by 6 % only. Keeping
+    # the incumbent would leave every later stage starting from the defaults.
+    def both_infeasible(inc_violation: float, cand_violation: float) -> Decision:
+        return decide(
+            Comparison(
+                "parallelism", "tok_s_per_gpu", "maximize", [300, 302], [150, 151], False, 0.02,
+                False, None, inc_violation, cand_violation,
+            )
+        )  # fmt: skip
+
+    closer = both_infeasible(0.45, 0.06)
+    assert closer.accepted and "misses them by less (6.0% vs 45.0%" in closer.reason
+    assert closer.gain < 0  # feasibility first: the throughput it gives up does not count
+    assert not both_infeasible(0.06, 0.45).accepted
+    assert not both_infeasible(0.06, 0.06).accepted  # no step: keep what was measured first
+    failed = both_infeasible(NO_DATA_VIOLATION * 2, NO_DATA_VIOLATION)  # a repeat failed
+    assert not failed.accepted
+    feasible_incumbent = decide(
+        Comparison("s", "x", "maximize", [100], [500], False, 0.02, True, None, 0.0, 0.01)
+    )
+    assert not feasible_incumbent.accepted
+
+
 def test_constraints_are_met_on_the_mean_and_a_failure_is_never_averaged_away() -> None:
     straddling = [{"p99": -0.1, "err": -1.0}, {"p99": 0.05, "err": -1.0}, {"p99": -0.05}]
     mean = mean_constraints(straddling)

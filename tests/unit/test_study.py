@@ -391,6 +391,13 @@ def test_the_summary_shows_a_kept_baseline_once_and_a_new_incumbent_as_a_change(
     lines = outcome_lines("q", names, 1, StudyResult(base, new))
     assert lines[0] == "study q: baseline vs final incumbent (batching trial 3)"
     assert lines[2].split() == ["output_throughput", "1724", "->", "2000", "(+16.0%)"]
+    assert not any("NOT FEASIBLE" in line for line in lines)
+    closer = Incumbent({"tp": 8}, [0.80, 900.0], {"slo_p99_ttft": 0.06, "slo_p99_tpot": -0.2},
+                       "parallelism trial 2", [900.0])  # fmt: skip
+    lines = outcome_lines("q", names, 1, StudyResult(base, closer))
+    assert lines[-1] == (
+        "  NOT FEASIBLE: it still misses slo_p99_ttft by 6.0% (on the mean of its windows)"
+    )
 
 
 class SlicedScripted(Scripted):

@@ -11,7 +11,15 @@ incumbent and the decision uses every measurement of both. The rule is simple to
     threshold = max(noise, min_gain * |mean(incumbent)|)
     accept   <=> the candidate meets every constraint on the mean of its repeats and
                  (gain > threshold or the incumbent, on the mean of its own, violates one:
-                 feasibility first)
+                 feasibility first),
+                 or neither meets them and the candidate misses them by less (its summed
+                 relative overshoot on the mean of its repeats is smaller, none failed)
+
+The last clause moves a search off an infeasible start: where knobs reach the SLOs only
+together (a TTFT SLO met only at high TP, a TPOT SLO only at lower concurrency), no single
+stage finds a feasible point from an infeasible incumbent, and keeping the incumbent would
+stall every stage after it. Nothing infeasible is handed over as if it met the SLOs: the
+summary says which constraint the final incumbent still misses.
 
 Constraints are judged on the mean over repeats, not repeat by repeat: a P99 over a 10-20 s
 window rests on its two or three slowest requests, so a configuration whose true P99 sits 10 %
@@ -29,6 +37,7 @@ from typing import Any
 
 import numpy as np
 
+from tuner.scoring.objective import NO_DATA_VIOLATION
 from tuner.study.noise import NoiseEstimate, NoiseSplit
 
 # The F-test's level at which the baseline's launches count as differing beyond their windows.
@@ -42,7 +51,8 @@ class Comparison:
     ``incumbent`` and ``candidate`` are the selection objective's values of each side;
     ``candidate_feasible`` and ``incumbent_feasible`` are :func:`meets` of each side's
     :func:`mean_constraints`; ``pooled`` is the study's noise (including these two sides'
-    repeats), None for the pair rule.
+    repeats), None for the pair rule; ``*_violation`` is :func:`violation` of each side's mean
+    constraints (0 where met).
     """
 
     stage: str
@@ -54,6 +64,8 @@ class Comparison:
     min_gain: float
     incumbent_feasible: bool = True
     pooled: NoiseEstimate | None = None
+    incumbent_violation: float = 0.0
+    candidate_violation: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -144,6 +156,11 @@ def decide(c: Comparison) -> Decision:
 
 def _verdict(c: Comparison, gain: float, threshold: float) -> tuple[bool, str]:
     if not c.candidate_feasible:
+        if not c.incumbent_feasible and _misses_by_less(c):
+            return True, (
+                f"neither meets every constraint; the candidate misses them by less "
+                f"({c.candidate_violation:.1%} vs {c.incumbent_violation:.1%} summed overshoot)"
+            )
         return False, "candidate violated an SLO on the mean of its repeats, or a repeat failed"
     if not c.incumbent_feasible:
         return True, "the incumbent violates a constraint; the candidate meets every one"
@@ -152,6 +169,11 @@ def _verdict(c: Comparison, gain: float, threshold: float) -> tuple[bool, str]:
     if gain > threshold:
         return True, "gain exceeds the measured noise"
     return False, "gain within the measured noise"
+
+
+def _misses_by_less(c: Comparison) -> bool:
+    """A step toward feasibility: no failed repeat, and a smaller summed overshoot."""
+    return c.candidate_violation < min(c.incumbent_violation, NO_DATA_VIOLATION)
 
 
 def resolvable_gain(

@@ -21,7 +21,7 @@ from optuna.trial import TrialState
 
 from tuner.config import TunerConfig
 from tuner.schema import Role, TrialAttr, confirm_label, confirm_study
-from tuner.scoring.feasibility import mean_constraints, meets
+from tuner.scoring.feasibility import mean_constraints, meets, violation
 from tuner.study.acceptance import Comparison, Decision, decide
 from tuner.study.evaluation import Evaluated, Evaluator
 from tuner.study.flights import Want
@@ -73,7 +73,7 @@ class Confirmation:
         inc_c, cand_c = mean_constraints(inc.constraints), mean_constraints(cand.constraints)
         comparison = Comparison(
             stage.name, obj, direction, inc.values, cand.values, meets(cand_c), min_gain,
-            meets(inc_c), self.pooled(),
+            meets(inc_c), self.pooled(), violation(inc_c), violation(cand_c),
         )  # fmt: skip
         return replace(
             decide(comparison),
