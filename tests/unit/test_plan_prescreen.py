@@ -18,6 +18,9 @@ from tuner.outcome import REASON_SCREENED, TrialOutcome
 from tuner.plan.command import Planner
 from tuner.plan.estimate import PLAN_ATTRS
 from tuner.plan.fidelity import estimate_vs_measured, spearman, trials_agreement
+from tuner.review.render import html_page, summary_text
+from tuner.review.report import build_report
+from tuner.review.stored import open_review
 from tuner.schema import Role, TrialStatus
 from tuner.scoring.feasibility import meets
 from tuner.study.evaluation import Evaluator
@@ -101,6 +104,17 @@ def test_a_point_that_cannot_fit_is_screened_unlaunched_and_the_best_go_first(
     assert any("all 4 points of its space are measured" in line for line in said)
     for t in search:  # the estimate sits beside the measurement of every launched trial
         assert set(PLAN_ATTRS) <= set(t.user_attrs)
+    # ... and the report sets them side by side: the stand-in's TPOT falls with TP as the
+    # estimator's does (the same order); its TTFT is constant, so it has no order to agree with
+    report = build_report(open_review(config.name, studies_dir=tmp_path), figures=False)
+    assert report.estimates is not None
+    own = [t for t in search if "reused_from" not in t.user_attrs]
+    assert sorted(report.estimates.points["trial"]) == sorted(
+        f"parallelism#{t.number}" for t in own if t.user_attrs.get("status") == "ok"
+    )
+    tpot, ttft = report.estimates.agreement["tpot"], report.estimates.agreement["ttft"]
+    assert tpot.n == 3 and tpot.spearman == pytest.approx(1.0) and ttft.spearman is None
+    assert "id='estimates'" in html_page(report) and "Spearman rho 1.00" in summary_text(report)
 
 
 def test_spearman_and_ratios_on_known_values() -> None:

@@ -92,6 +92,8 @@ def summary_text(report: Report) -> str:
         lines.append("bottlenecks: " + ", ".join(f"{k} {v}" for k, v in counts.items()))
     for _, f in report.failures.iterrows():
         lines.append(f"failed {f['label']}: {f['failure_reason']}: {f['failure_message'][:160]}")
+    if report.estimates is not None:
+        lines += ["", *report.estimates.lines()]
     return "\n".join(lines)
 
 
@@ -190,8 +192,29 @@ def html_page(report: Report) -> str:
         f"<h2>Trials and bottlenecks</h2><div class='scroll'>{_table(overview)}</div>"
         f"{_legend()}"
         f"<h2 id='failures'>Failures</h2><div class='scroll'>{_table(report.failures)}</div>"
+        f"{_estimates(report)}"
         "<h2>All trials</h2><p>Every column of every trial: trials.csv, trials.parquet.</p>"
         "</body></html>\n"
+    )
+
+
+ESTIMATES_NOTE = (
+    "<p>The plan's estimate (study.prescreen) beside the measurement of every launched point: "
+    "Spearman's rho says whether the estimator orders configurations as this hardware does, "
+    "the measured/estimated ratio how far off its absolute values are. Estimates order and "
+    "screen candidates; only measurements decide.</p>"
+)
+
+
+def _estimates(report: Report) -> str:
+    """The estimate-vs-measurement section; nothing for a study run without the plan."""
+    check = report.estimates
+    if check is None:
+        return ""
+    lines = "".join(f"<li>{html.escape(line)}</li>" for line in check.lines())
+    return (
+        f"<h2 id='estimates'>Estimate vs measurement</h2>{ESTIMATES_NOTE}"
+        f"<ul class='summary'>{lines}</ul><div class='scroll'>{_table(check.points)}</div>"
     )
 
 

@@ -24,6 +24,7 @@ from optuna.distributions import BaseDistribution
 
 from tuner.review import plots
 from tuner.review.diagnosis import diagnose
+from tuner.review.estimates import EstimateCheck, estimate_check
 from tuner.review.plots import CdfSeries, FigureData, ImprovementData, ParetoData, PointKind
 from tuner.review.stored import Review, TrialView, nondominated
 from tuner.schema import Role, TrialAttr
@@ -270,6 +271,7 @@ class Report:
     stages: pd.DataFrame
     failures: pd.DataFrame
     importances: dict[str, dict[str, float]]
+    estimates: EstimateCheck | None = None  # with study.prescreen: the plan against the trials
     data: FigureData | None = None
     figures: dict[str, bytes] = field(default_factory=dict)
 
@@ -280,7 +282,8 @@ def build_report(review: Review, figures: bool = True) -> Report:
     stages = stages_frame(outcomes, review.objectives)
     imps = importances(review)
     failures = failures_frame(trials)
-    report = Report(review, trials, baseline_frame(review), outcomes, stages, failures, imps)
+    report = Report(review, trials, baseline_frame(review), outcomes, stages, failures, imps,
+                    estimate_check(review))  # fmt: skip
     if figures:
         report.data = figure_data(report)
         report.figures = plots.render(report.data)
