@@ -111,14 +111,21 @@ def plain_arms(land: GpuLandscape, seed: int, slo: GpuSlo) -> list[RunTrace]:
 
 
 def strategies(
-    land: GpuLandscape, orders: Sequence[Sequence[str]], staged: int, joint: int
-) -> list[tuple[StudyStrategy, dict[str, list[str]]]]:
-    """(strategy, its stage groups): staged TPE in each order, joint TPE over every param."""
+    land: GpuLandscape, orders: Sequence[Sequence[str]], staged: int, joint: int,
+    refine: int = 0,
+) -> list[tuple[StudyStrategy, dict[str, list[str]]]]:  # fmt: skip
+    """(strategy, its stage groups): staged TPE in each order, the first order again with a
+    last joint stage of ``refine`` trials (study.refine_trials), joint TPE over every param."""
     out = []
     for order in orders:
         groups = groups_of(land, order)
         name = f"staged_tpe_{staged}_" + "-".join(g[:4] for g in groups)
         out.append((StudyStrategy(name, "staged", "tpe", staged), groups))
+    if refine:
+        first, groups = out[0]
+        refined = StudyStrategy(f"{first.name}_refine_{refine}", "staged", "tpe", staged,
+                                refine_trials=refine)  # fmt: skip
+        out.insert(1, (refined, groups))
     everything = {"joint": [p for ps in groups_of(land, GROUPS).values() for p in ps]}
     out.append((StudyStrategy(f"joint_tpe_{joint}", "joint", "tpe", joint), everything))
     return out
@@ -185,6 +192,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--orders", nargs="+", default=["parallelism,quantization,memory,batching"],
         help="stage orders of the staged arms, comma-separated; the first is the default",
     )  # fmt: skip
+    p.add_argument("--refine-trials", type=int, default=0,
+                   help="also the default order with a last joint stage of this many trials")
     p.add_argument("--slo-ttft", type=float, default=None, help="P99 TTFT SLO (s); default median")
     p.add_argument("--slo-tpot", type=float, default=None, help="P99 TPOT SLO (s); default median")
     p.add_argument("--out", type=Path, default=None)
@@ -197,7 +206,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     med = median_slo(land)
     slo = GpuSlo(args.slo_ttft or med.p99_ttft_s, args.slo_tpot or med.p99_tpot_s)
     orders = [o.split(",") for o in args.orders]
-    arms = strategies(land, orders, args.staged_trials, args.joint_trials)
+    arms = strategies(land, orders, args.staged_trials, args.joint_trials, args.refine_trials)
     out_root = args.out or results("search_efficiency", "gpu", args.landscape)
     for cv in args.cv:
         t0 = time.monotonic()
