@@ -142,7 +142,6 @@ class ParallelStage:
         if self.host._stage_exhausted(self.study, self.stage):
             self.asking = False
             return False
-        self.host.say(f"stage {self.stage.name}: trial {launched + 1}/{self.stage.trials}")
         return True
 
     def _ask(self) -> _Proposal | None:
@@ -160,6 +159,9 @@ class ParallelStage:
         return _Proposal(trial, point, params)
 
     def _start(self, proposal: _Proposal) -> None:
+        # Counted as launches: a reused or refused proposal took no number.
+        launched = len(launched_trials(self.study)) + len(self.flights.active)
+        self.host.say(f"stage {self.stage.name}: trial {launched + 1}/{self.stage.trials}")
         want = Want(self.study, self.stage.name, proposal.params, Role.SEARCH)
         self.flights.start(want, proposal.trial)
 

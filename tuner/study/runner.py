@@ -335,7 +335,6 @@ class StudyRunner:
         while not self.flights.parallel and (done := len(launched_trials(study))) < stage.trials:
             if self._stage_exhausted(study, stage):
                 break
-            self.say(f"stage {stage.name}: trial {done + 1}/{stage.trials}")
             trial = study.ask()
             point = search_space.suggest(trial, stage.specs)
             params = {**incumbent.params, **point}
@@ -346,6 +345,8 @@ class StudyRunner:
             screen = self.prescreen
             if screen and screen.rejects(study, trial, stage, params, self.all_specs):
                 continue  # told as infeasible, never launched
+            # Counted as launches: a reused or refused proposal above took no number.
+            self.say(f"stage {stage.name}: trial {done + 1}/{stage.trials}")
             result = self._measure(trial, stage.name, params, Role.SEARCH)
             self._tell(study, trial, result)
             self._say_best(study, stage)
