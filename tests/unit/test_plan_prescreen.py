@@ -23,9 +23,11 @@ from tuner.review.report import build_report
 from tuner.review.stored import open_review
 from tuner.schema import Role, TrialStatus
 from tuner.scoring.feasibility import meets
+from tuner.search import space as search_space
 from tuner.study.evaluation import Evaluator
 from tuner.study.prescreen import Prescreen
 from tuner.study.runner import StudyRunner
+from tuner.study.stages import Stage
 
 logging.getLogger("aiconfigurator_core").setLevel(logging.ERROR)
 
@@ -129,3 +131,53 @@ def test_spearman_and_ratios_on_known_values() -> None:
              for i in range(1, 5)]  # fmt: skip
     agreement = trials_agreement(attrs)
     assert agreement["tpot"].ratio_median == pytest.approx(1.2) and agreement["ttft"].n == 0
+
+
+def _fp8_70b(tmp_path: Path, *overrides: str) -> TunerConfig:
+    """Llama-3.1-70B FP8 on H200s at 64 users of 1024/1024 tokens, TP the only knob, per-GPU
+    throughput the selection objective (the fleet objectives of a GPU study)."""
+    return compose([
+        "study=llama70b_8xh200", "server.model=meta-llama/Meta-Llama-3.1-70B",
+        "plan.system=h200_sxm", "plan.backend_version=0.24.0", "study.prescreen=true",
+        "+server.args.quantization=fp8", "+server.args.max_num_seqs=64",
+        "search_space=[parallelism]", "study.stages=[parallelism]",
+        "search_space.parallelism.tensor_parallel_size.choices=[1,2,4,8]",
+        "search_space.parallelism.pipeline_parallel_size.choices=[1]",
+        "study.trials_per_stage=3", "workload.concurrency=64",
+        "workload.classes=[{prompt_tokens:{mean:1024},output_tokens:{mean:1024}}]",
+        "objectives.names=[output_throughput_per_gpu,output_throughput_per_user]",
+        "objectives.select_by=output_throughput_per_gpu", f"studies_dir={tmp_path}", *overrides,
+    ])  # fmt: skip
+
+
+def _first_enqueued(config: TunerConfig) -> dict[str, Any]:
+    planner = Planner(config)
+    screen = Prescreen(config, Evaluator(config, "H200"), lambda _: None, None, planner)
+    study = optuna.create_study(directions=["maximize", "maximize"])
+    stage = Stage("parallelism", config.search_space["parallelism"], config.study.trials_per_stage)
+    assert screen.enqueue_best(study, stage, {}) == 1
+    return search_space.suggest(study.ask(), stage.specs)  # the stage's first proposal
+
+
+def test_the_estimators_first_point_follows_the_per_gpu_objective(tmp_path: Path) -> None:
+    """With loose SLOs every TP meets them; per GPU, TP 1 makes the most tokens (the whole
+    server's rate would have picked TP 8, the most GPUs)."""
+    config = _fp8_70b(tmp_path, "slo.p99_ttft_s=10", "slo.p99_tpot_s=1", "slo.p99_e2e_s=100")
+    points, _, _ = Planner(config).space(config.search_space["parallelism"])
+    per_gpu = {p.params["tensor_parallel_size"]: p.estimate.tokens_s_gpu for p in points}
+    total = {p.params["tensor_parallel_size"]: p.estimate.tokens_s for p in points}
+    assert max(per_gpu, key=per_gpu.__getitem__) == 1 and max(total, key=total.__getitem__) == 8
+    assert _first_enqueued(config)["tensor_parallel_size"] == 1
+
+
+def test_when_no_estimate_meets_the_slos_the_nearest_goes_first(tmp_path: Path) -> None:
+    """A TTFT SLO under every TP's estimate: the point that misses it by least (TP 8, whose
+    estimated TTFT is the lowest) goes first, not the one with the most tokens per GPU."""
+    config = _fp8_70b(tmp_path, "slo.p99_ttft_s=0.15", "slo.p99_tpot_s=1", "slo.p99_e2e_s=100")
+    points, _, _ = Planner(config).space(config.search_space["parallelism"])
+    slo = config.slo
+    assert not any(p.meets(slo) for p in points)
+    over = {p.params["tensor_parallel_size"]: p.overshoot(slo) for p in points}
+    ttft = {p.params["tensor_parallel_size"]: p.estimate.ttft_ms for p in points}
+    assert over[8] == pytest.approx(ttft[8] / 150 - 1) and over[8] < over[4] < over[2] < over[1]
+    assert _first_enqueued(config)["tensor_parallel_size"] == 8

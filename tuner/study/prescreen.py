@@ -40,14 +40,20 @@ Progress = Callable[[str], None]
 MAX_ENQUEUED = 3  # of a stage's first trials, at most this many come from the estimator
 
 
+# How the estimator orders points for the study's selection objective (lower first); any other
+# objective is a rate of the whole server (throughput, goodput).
+RANKS: dict[str, Callable[[PlannedPoint], float]] = {
+    "cost_per_million_tokens": lambda p: _nan_last(p.cost_per_million),
+    "energy_per_million_tokens": lambda p: _nan_last(p.cost_per_million),
+    "p99_e2e_latency": lambda p: _nan_last(p.estimate.e2e_ms),
+    "p99_ttft": lambda p: _nan_last(p.estimate.ttft_ms),
+    "output_throughput_per_gpu": lambda p: _nan_last(-p.estimate.tokens_s_gpu),
+    "output_throughput_per_user": lambda p: _nan_last(p.estimate.tpot_ms),
+}
+
+
 def _rank(select_by: str) -> Callable[[PlannedPoint], float]:
-    """How the estimator orders points for the study's selection objective (lower first)."""
-    if select_by in ("cost_per_million_tokens", "energy_per_million_tokens"):
-        return lambda p: _nan_last(p.cost_per_million)
-    if select_by in ("p99_e2e_latency", "p99_ttft"):
-        return lambda p: _nan_last(p.estimate.e2e_ms if select_by == "p99_e2e_latency"
-                                   else p.estimate.ttft_ms)  # fmt: skip
-    return lambda p: _nan_last(-p.estimate.tokens_s)  # throughput and goodput
+    return RANKS.get(select_by, lambda p: _nan_last(-p.estimate.tokens_s))
 
 
 def _nan_last(value: float) -> float:
@@ -141,7 +147,8 @@ class Prescreen:
     # -- a stage's first trials --------------------------------------------------------------
     def enqueue_best(self, study: optuna.Study, stage: Stage, incumbent: dict[str, Any]) -> int:
         """Queue the estimator's best points of a fresh stage as its first trials: those that
-        start, the ones whose estimates meet the SLOs first, by the selection objective."""
+        start, the ones whose estimates meet the SLOs first (then the nearest to meeting them),
+        by the selection objective."""
         if self.planner is None or search_trials(study) or not modelled(stage.specs)[0]:
             return 0  # no estimator, a stage already under way, or nothing it tells apart
         if study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
@@ -149,7 +156,7 @@ class Prescreen:
         points, _, _ = self.planner.space(stage.specs, incumbent)
         rank = _rank(self.evaluator.select_by)
         starts = [p for p in points if p.estimate.starts]
-        starts.sort(key=lambda p: (not p.meets(self.config.slo), rank(p)))
+        starts.sort(key=lambda p: (p.overshoot(self.config.slo), rank(p)))
         best = [p.params for p in starts[: max(1, min(MAX_ENQUEUED, stage.trials // 3))]]
         for point in best:
             study.enqueue_trial(point, skip_if_exists=True)
