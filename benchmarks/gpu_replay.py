@@ -24,6 +24,7 @@ writes ``summary.md``, ``landscape.md`` and ``replay.json`` per noise level to
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import sys
 import time
@@ -50,7 +51,7 @@ from benchmarks.layout import results
 from benchmarks.lookup import StudyStrategy, run_study
 from benchmarks.replay import base_config, categorical_space
 from benchmarks.scoring import Launch, RunTrace, aggregate, markdown
-from tuner import TunerConfig
+from tuner import LengthDist, RequestClass, TunerConfig
 
 # Stage groups, in the default order of conf/study/llama70b_8xh200.yaml (structure first).
 GROUPS = {
@@ -112,21 +113,25 @@ def plain_arms(land: GpuLandscape, seed: int, slo: GpuSlo) -> list[RunTrace]:
 
 def strategies(
     land: GpuLandscape, orders: Sequence[Sequence[str]], staged: int, joint: int,
-    refine: int = 0,
+    refine: int = 0, prescreen: bool = False,
 ) -> list[tuple[StudyStrategy, dict[str, list[str]]]]:  # fmt: skip
-    """(strategy, its stage groups): staged TPE in each order, the first order again with a
-    last joint stage of ``refine`` trials (study.refine_trials), joint TPE over every param."""
+    """(strategy, its stage groups): staged TPE in each order (with ``prescreen``, each also
+    with the plan's pre-screen and seeding), the first order again with a last joint stage of
+    ``refine`` trials (study.refine_trials), joint TPE over every param."""
     out = []
     for order in orders:
         groups = groups_of(land, order)
         name = f"staged_tpe_{staged}_" + "-".join(g[:4] for g in groups)
         out.append((StudyStrategy(name, "staged", "tpe", staged), groups))
+        if prescreen:
+            screened = StudyStrategy(f"{name}_prescreen", "staged", "tpe", staged, prescreen=True)
+            out.append((screened, groups))
     if refine:
         first, groups = out[0]
         refined = StudyStrategy(f"{first.name}_refine_{refine}", "staged", "tpe", staged,
                                 refine_trials=refine)  # fmt: skip
         out.insert(1, (refined, groups))
-    everything = {"joint": [p for ps in groups_of(land, GROUPS).values() for p in ps]}
+    everything = {"joint": [p for ps in groups_of(land, list(GROUPS)).values() for p in ps]}
     out.append((StudyStrategy(f"joint_tpe_{joint}", "joint", "tpe", joint), everything))
     return out
 
@@ -134,14 +139,37 @@ def strategies(
 Arm = tuple[StudyStrategy, Mapping[str, list[str]]]
 
 
-def replay(land: GpuLandscape, slo: GpuSlo, seeds: int, arms: Sequence[Arm]) -> dict[str, Any]:
+def estimated_on(config: TunerConfig, table: silicon.SiliconTable, land: GpuLandscape) -> None:
+    """What the plan needs to estimate a silicon table's points (study.prescreen): its GPU
+    system and vLLM data, the architecture and precision of the measured checkpoint, and its
+    lengths; every user count of the table is a closed-loop user (a point's batch is then its
+    max_num_seqs, as it was measured)."""
+    config.plan.system, config.plan.backend_version = table.system, estimated.VERSION
+    config.plan.model = table.estimator_model
+    if table.quantization:
+        config.server.args["quantization"] = table.quantization
+    config.workload.classes = [RequestClass(
+        prompt_tokens=LengthDist(mean=table.isl), output_tokens=LengthDist(mean=table.osl)
+    )]  # fmt: skip
+    config.workload.concurrency = max(land.values()["max_num_seqs"])
+
+
+def replay(
+    land: GpuLandscape, slo: GpuSlo, seeds: int, arms: Sequence[Arm],
+    table: silicon.SiliconTable | None = None,
+) -> dict[str, Any]:  # fmt: skip
+    """Every arm on every seed; ``table``: the silicon table a prescreened arm estimates."""
     ref = reference(land, slo)
     base = gpu_config(land, slo)
+    screened = copy.deepcopy(base)
+    if table is not None:
+        estimated_on(screened, table, land)
     rows = []
     for seed in range(seeds):
         traces = plain_arms(land, seed, slo)
         for s, groups in arms:
-            traces.append(run_study(land, base, s, categorical_space(land, groups), 0.0, seed))
+            config = screened if s.prescreen else base
+            traces.append(run_study(land, config, s, categorical_space(land, groups), 0.0, seed))
         rows += [summarize_run(t, land, ref) for t in traces]
     summary = aggregate(rows, len(land.grid_keys()))
     for line in summary:
@@ -194,6 +222,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )  # fmt: skip
     p.add_argument("--refine-trials", type=int, default=0,
                    help="also the default order with a last joint stage of this many trials")
+    p.add_argument("--prescreen", action="store_true",
+                   help="each staged arm also with the plan's pre-screen (silicon tables only)")
     p.add_argument("--slo-ttft", type=float, default=None, help="P99 TTFT SLO (s); default median")
     p.add_argument("--slo-tpot", type=float, default=None, help="P99 TPOT SLO (s); default median")
     p.add_argument("--out", type=Path, default=None)
@@ -206,11 +236,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     med = median_slo(land)
     slo = GpuSlo(args.slo_ttft or med.p99_ttft_s, args.slo_tpot or med.p99_tpot_s)
     orders = [o.split(",") for o in args.orders]
-    arms = strategies(land, orders, args.staged_trials, args.joint_trials, args.refine_trials)
+    measured_on = silicon.TABLES.get(args.landscape) if args.prescreen else None
+    if args.prescreen and measured_on is None:  # the estimator would be grading its own numbers
+        raise SystemExit("--prescreen needs a silicon table: an estimated landscape is the plan's")
+    arms = strategies(land, orders, args.staged_trials, args.joint_trials, args.refine_trials,
+                      args.prescreen)  # fmt: skip
     out_root = args.out or results("search_efficiency", "gpu", args.landscape)
     for cv in args.cv:
         t0 = time.monotonic()
-        result = replay(land.with_noise(cv), slo, args.seeds, arms)
+        result = replay(land.with_noise(cv), slo, args.seeds, arms, measured_on)
         result["elapsed_s"] = round(time.monotonic() - t0, 1)
         out = out_root / f"cv_{cv:g}"
         out.mkdir(parents=True, exist_ok=True)

@@ -39,6 +39,8 @@ from tuner import (
     TunerConfig,
     TunerError,
 )
+from tuner.plan.command import Planner
+from tuner.study.prescreen import Prescreen
 
 WINDOW_S = 10.0  # the grid's window: only used to rebuild counts from rates
 # The study's SQLite file: in memory-backed /dev/shm when there is one (a commit there costs
@@ -134,6 +136,9 @@ class StudyStrategy:
     baseline_measurements: int = 3  # study.baseline_measurements (the schema's default)
     noise: str = "pooled"  # study.noise: the acceptance rule's noise estimate
     count_search_window: bool = True  # study.count_search_window
+    # study.prescreen: the plan's estimator refuses what it says cannot start and queues its
+    # best points first in each stage (the base config must name the system and model)
+    prescreen: bool = False
 
 
 def study_config(
@@ -150,6 +155,7 @@ def study_config(
     config.study.refine_trials = s.refine_trials
     config.study.baseline_measurements, config.study.noise = s.baseline_measurements, s.noise
     config.study.count_search_window = s.count_search_window
+    config.study.prescreen = s.prescreen
     config.study.storage = f"sqlite:///{folder}/replay.db"
     config.study.max_consecutive_failures = 10_000  # report the path, do not stop on failures
     config.study.max_failure_rate = 1.0
@@ -169,6 +175,8 @@ def run_study(
         config = study_config(base, s, space, slo, seed, Path(tmp))
         lookup = lookup_trials(land, rng, trace.launches)
         runner = StudyRunner(config, Evaluator(config), {"replay": seed}, quiet, trial_fn=lookup)
+        if s.prescreen:  # what Session.open attaches; no vLLM config check without vLLM's GPU
+            runner.prescreen = Prescreen(config, runner.evaluator, quiet, None, Planner(config))
         with count_fallbacks() as fallbacks:
             try:
                 runner.run()

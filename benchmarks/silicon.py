@@ -26,22 +26,29 @@ PARAMS = [GPU_PARAM, "max_num_seqs"]
 
 @dataclass(frozen=True)
 class SiliconTable:
-    """Which measurements make one table (``model`` is a substring of the model path)."""
+    """Which measurements make one table (``model`` is a substring of the model path), and
+    what the plan's estimator needs to estimate its points: AIConfigurator's shipped model
+    config for the architecture and vLLM's ``--quantization`` of the measured checkpoint."""
 
     name: str
     model: str
     system: str
     isl: int
     osl: int
+    estimator_model: str = ""
+    quantization: str | None = None
 
 
+L70 = "Llama-3.1-70B"  # the measured model paths contain this
+LLAMA70B, GPTOSS = "meta-llama/Meta-Llama-3.1-70B", "openai/gpt-oss-120b"
 TABLES = {
     t.name: t
     for t in (
-        SiliconTable("llama70b_h200_1k1k", "Llama-3.1-70B", "h200_sxm", 1024, 1024),
-        SiliconTable("llama70b_h200_8k1k", "Llama-3.1-70B", "h200_sxm", 8192, 1024),
-        SiliconTable("llama70b_h100_1k1k", "Llama-3.1-70B", "h100_sxm", 1024, 1024),
-        SiliconTable("gptoss120b_h200_1k1k", "gpt-oss-120b", "h200_sxm", 1024, 1024),
+        # The 70B runs are FP8 weights (gemm_quant_mode fp8); gpt-oss ships its own MXFP4.
+        SiliconTable("llama70b_h200_1k1k", L70, "h200_sxm", 1024, 1024, LLAMA70B, "fp8"),
+        SiliconTable("llama70b_h200_8k1k", L70, "h200_sxm", 8192, 1024, LLAMA70B, "fp8"),
+        SiliconTable("llama70b_h100_1k1k", L70, "h100_sxm", 1024, 1024, LLAMA70B, "fp8"),
+        SiliconTable("gptoss120b_h200_1k1k", "gpt-oss-120b", "h200_sxm", 1024, 1024, GPTOSS),
     )
 }
 
