@@ -57,8 +57,12 @@ class Confirmation:
     def pooled(self) -> NoiseEstimate | None:
         return self.noise.estimate() if self.config.study.pools_noise else None
 
-    def decide(self, study: optuna.Study, stage: Stage, incumbent: Incumbent) -> Decision:
-        """Re-measure winner and incumbent interleaved; accept only beyond the noise."""
+    def decide(
+        self, study: optuna.Study, stage: Stage, incumbent: Incumbent,
+        base: dict[str, Any] | None = None,
+    ) -> Decision:  # fmt: skip
+        """Re-measure winner and incumbent interleaved; accept only beyond the noise. The
+        stage searched around ``base`` (a lead's params; default the incumbent's)."""
         idx, sign = self.evaluator.select_index, self.evaluator.select_sign
         winner = stage_winner(search_trials(study), idx, sign, incumbent)
         obj, direction = self.evaluator.select_by, self.evaluator.directions[idx]
@@ -66,7 +70,7 @@ class Confirmation:
         inc_ok = meets(incumbent.constraints)
         if winner is None or (inc_ok and sign * winner.values[idx] <= sign * incumbent.values[idx]):
             return Decision(stage.name, obj, direction, False, NOTHING_BEAT)
-        cand_params = {**incumbent.params, **winner.params}
+        cand_params = {**(incumbent.params if base is None else base), **winner.params}
         inc, cand = self._repeats(stage, incumbent, cand_params, winner)
         self.noise.add(incumbent.params, inc.values)
         self.noise.add(cand_params, cand.values)

@@ -29,15 +29,18 @@ from tuner.launch import LaunchSpec
 from tuner.outcome import REASON_INVALID_CONFIG, REASON_SCREENED, TrialOutcome
 from tuner.plan.command import Planner
 from tuner.plan.space import modelled
-from tuner.plan.table import PlannedPoint
+from tuner.plan.table import Anchor, PlannedPoint
 from tuner.plan.validate import ConfigValidator, validates
 from tuner.schema import Role, TrialStatus
 from tuner.search import space as search_space
 from tuner.study.evaluation import Evaluator
-from tuner.study.stages import Stage, search_trials
+from tuner.study.stages import Incumbent, Stage, search_trials
 
 Progress = Callable[[str], None]
 MAX_ENQUEUED = 3  # of a stage's first trials, at most this many come from the estimator
+# A measured P99 this far from the estimated mean is no estimator bias (those are within ~2x
+# against AIConfigurator's shipped vLLM runs) but a measurement gone wrong: no anchor then.
+ANCHOR_RANGE = (0.2, 5.0)
 
 
 # How the estimator orders points for the study's selection objective (lower first); any other
@@ -145,18 +148,37 @@ class Prescreen:
         return REASON_SCREENED, f"estimated not to fit on {self.planner.system}: {estimate.note}"
 
     # -- a stage's first trials --------------------------------------------------------------
-    def enqueue_best(self, study: optuna.Study, stage: Stage, incumbent: dict[str, Any]) -> int:
+    def anchor(self, incumbent: Incumbent) -> Anchor:
+        """The incumbent's measured P99s over its estimated means (1 where either is missing
+        or the ratio is beyond :data:`ANCHOR_RANGE`, a failed measurement rather than a bias)."""
+        if self.planner is None:
+            return Anchor()
+        e, slo = self.planner.estimate(incumbent.params), self.config.slo
+        latencies = {"ttft": (slo.p99_ttft_s, e.ttft_ms), "tpot": (slo.p99_tpot_s, e.tpot_ms),
+                     "e2e": (slo.p99_e2e_s, e.e2e_ms)}  # fmt: skip
+        factors = {}
+        for name, (limit, estimated_ms) in latencies.items():
+            overshoot = incumbent.constraints.get(f"slo_p99_{name}")
+            if limit <= 0 or overshoot is None or not estimated_ms > 0:  # NaN is not > 0
+                continue
+            factor = limit * (1 + overshoot) / (estimated_ms / 1000)  # measured P99 / estimate
+            if ANCHOR_RANGE[0] <= factor <= ANCHOR_RANGE[1]:
+                factors[name] = factor
+        return Anchor(**factors)
+
+    def enqueue_best(self, study: optuna.Study, stage: Stage, incumbent: Incumbent) -> int:
         """Queue the estimator's best points of a fresh stage as its first trials: those that
-        start, the ones whose estimates meet the SLOs first (then the nearest to meeting them),
-        by the selection objective."""
+        start, the ones whose estimates (anchored on the incumbent's measurement) meet the SLOs
+        first, then the nearest to meeting them, each by the selection objective."""
         if self.planner is None or search_trials(study) or not modelled(stage.specs)[0]:
             return 0  # no estimator, a stage already under way, or nothing it tells apart
         if study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
             return 0  # queued by an earlier run of this stage
-        points, _, _ = self.planner.space(stage.specs, incumbent)
+        points, _, _ = self.planner.space(stage.specs, incumbent.params)
         rank = _rank(self.evaluator.select_by)
+        anchor = self.anchor(incumbent)
         starts = [p for p in points if p.estimate.starts]
-        starts.sort(key=lambda p: (p.overshoot(self.config.slo), rank(p)))
+        starts.sort(key=lambda p: (p.overshoot(self.config.slo, anchor), rank(p)))
         best = [p.params for p in starts[: max(1, min(MAX_ENQUEUED, stage.trials // 3))]]
         for point in best:
             study.enqueue_trial(point, skip_if_exists=True)

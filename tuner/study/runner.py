@@ -30,6 +30,7 @@ from tuner.study.evaluation import Evaluated, Evaluator
 from tuner.study.failure_budget import FailureBudget
 from tuner.study.fingerprint import digest
 from tuner.study.flights import Flight, Flights, Want, record_lost
+from tuner.study.lead import find_lead, lead_incumbent, lead_line
 from tuner.study.parallel import run_parallel_stage
 from tuner.study.prescreen import Prescreen
 from tuner.study.reference import QualityReference
@@ -148,10 +149,15 @@ class StudyRunner:
         try:
             baseline = self._baseline()
             incumbent, decisions = baseline, []
+            lead: Incumbent | None = None  # a near miss the next stage searches around
             for stage in self.stages:
-                incumbent, decision = self._run_stage(stage, incumbent)
+                incumbent, decision = self._run_stage(stage, incumbent, lead)
                 decisions.append(decision)
                 self.say(decision.line())
+                if decision.accepted:
+                    lead = None
+                elif lead is None:
+                    lead = self._lead(stage, incumbent)
         finally:
             self.close()
         # _run_stage keeps each stage's study open, in stage order
@@ -315,7 +321,12 @@ class StudyRunner:
     def _stage_trials(self, first: int) -> list[int]:
         return [s.trials for s in self.stages[first:]]
 
-    def _run_stage(self, stage: Stage, incumbent: Incumbent) -> tuple[Incumbent, Decision]:
+    def _run_stage(
+        self, stage: Stage, incumbent: Incumbent, lead: Incumbent | None = None
+    ) -> tuple[Incumbent, Decision]:
+        """Search the stage around ``lead`` (else the incumbent), then decide against the
+        incumbent (tuner.study.lead)."""
+        start = lead or incumbent
         rest = self._stage_trials(self.stages.index(stage))
         self.launches.replan(planned_launches(self.config.study, rest, 0))
         study = self._open(stage_study(self.config.name, stage.name), stage)
@@ -327,17 +338,17 @@ class StudyRunner:
             self.confirmation.learn(incumbent.params, decision)
             self._done_stages.append(study)
             return self._apply(decision, incumbent, stage), decision
-        self._seed_incumbent(study, stage, incumbent)
+        self._seed_incumbent(study, stage, start)
         if self.prescreen is not None:
-            self.prescreen.enqueue_best(study, stage, incumbent.params)
+            self.prescreen.enqueue_best(study, stage, start)
         if self.flights.parallel:  # several trials at once, or away from this process
-            run_parallel_stage(self, study, stage, incumbent)
+            run_parallel_stage(self, study, stage, start)
         while not self.flights.parallel and (done := len(launched_trials(study))) < stage.trials:
             if self._stage_exhausted(study, stage):
                 break
             trial = study.ask()
             point = search_space.suggest(trial, stage.specs)
-            params = {**incumbent.params, **point}
+            params = {**start.params, **point}
             seen = self._measured(study, point, params) if self.config.study.reuse else None
             if seen is not None:
                 self._reuse(study, trial, seen, stage)
@@ -350,10 +361,23 @@ class StudyRunner:
             result = self._measure(trial, stage.name, params, Role.SEARCH)
             self._tell(study, trial, result)
             self._say_best(study, stage)
-        decision = self.confirmation.decide(study, stage, incumbent)
+        decision = self.confirmation.decide(study, stage, incumbent, start.params)
         study.set_user_attr(StudyAttr.DECISION, jsonable(decision.to_dict()))
         self._done_stages.append(study)
         return self._apply(decision, incumbent, stage), decision
+
+    def _lead(self, stage: Stage, incumbent: Incumbent) -> Incumbent | None:
+        """A near miss of a stage that kept its incumbent, for the next stages (not the last)."""
+        if stage is self.stages[-1]:
+            return None
+        study = self._done_stages[-1]
+        idx, sign = self.evaluator.select_index, self.evaluator.select_sign
+        pooled, min_gain = self.confirmation.pooled(), self.config.study.min_gain
+        trial = find_lead(search_trials(study), incumbent, idx, sign, min_gain, pooled)
+        if trial is None:
+            return None
+        self.say(lead_line(stage.name, trial, incumbent, idx, self.evaluator.select_by))
+        return lead_incumbent(trial, incumbent, stage.name, idx)
 
     def _stage_exhausted(self, study: optuna.Study, stage: Stage) -> bool:
         why = exhausted(study, stage, MAX_PROPOSALS_PER_TRIAL) if self.config.study.reuse else ""
