@@ -13,6 +13,7 @@ import pytest
 
 from benchmarks import gpu_replay
 from benchmarks.gpu_landscape import GPU_PARAM, GpuLandscape, GpuSlo, measured, reference, score
+from benchmarks.landscape import Measured
 from benchmarks.lookup import StudyStrategy
 from benchmarks.queueing import Load, serve
 
@@ -81,3 +82,27 @@ def test_every_arm_finds_the_known_optimum_at_no_noise() -> None:
     assert all(r["baseline_launches"] == 3 for r in staged)
     # The per-GPU objective reached the study: tok/s in total would have picked TP 2.
     assert all(r["final_config"] == {GPU_PARAM: 1, "max_num_seqs": 16} for r in staged)
+
+
+def _point(tok_s_per_gpu: float, tp: int, ttft_s: float) -> Measured:
+    return Measured(True, "", 1.0, 1.0, ttft_s, ttft_s, 0.01, 0.01, tok_s_per_gpu * tp,
+                    tok_s_per_gpu * tp / 100, 0.0, 100, 0)  # fmt: skip
+
+
+def test_a_near_miss_leads_the_next_stage_to_an_optimum_that_needs_both_knobs() -> None:
+    """TP 1 at 16 sequences serves 80 % more per GPU than vLLM's defaults (TP 2, 16) but its
+    TTFT is 10 % over the SLO until its cap drops to 4 (1.5x the defaults, feasible). The
+    parallelism stage alone cannot accept TP 1, the batching stage at TP 2 finds nothing better:
+    only a stage run around the near miss reaches (1, 4). At no noise it must, and it must not
+    hand over the near miss itself."""
+    slo = GpuSlo(p99_ttft_s=1.0, p99_tpot_s=100.0)
+    truths = {(1, 16): _point(180, 1, 1.1), (1, 4): _point(150, 1, 0.5),
+              (2, 16): _point(100, 2, 0.6), (2, 4): _point(90, 2, 0.4)}  # fmt: skip
+    land = GpuLandscape([GPU_PARAM, "max_num_seqs"], truths, {GPU_PARAM: 2, "max_num_seqs": 16})
+    groups = gpu_replay.groups_of(land, ["parallelism", "batching"])
+    arms = [(StudyStrategy("staged", "staged", "tpe", 2, repeats=1), groups)]
+    result = gpu_replay.replay(land, slo, 2, arms)
+    staged = [r for r in result["runs"] if r["strategy"] == "staged"]
+    assert result["reference"]["defaults_score"] == pytest.approx(100 / 150)
+    assert all(r["final_config"] == {GPU_PARAM: 1, "max_num_seqs": 4} for r in staged)
+    assert all(r["final_score"] == pytest.approx(1.0) for r in staged)

@@ -27,7 +27,7 @@ from tuner.search import space as search_space
 from tuner.study.evaluation import Evaluator
 from tuner.study.prescreen import Prescreen
 from tuner.study.runner import StudyRunner
-from tuner.study.stages import Stage
+from tuner.study.stages import Incumbent, Stage
 
 logging.getLogger("aiconfigurator_core").setLevel(logging.ERROR)
 
@@ -155,7 +155,7 @@ def _first_enqueued(config: TunerConfig) -> dict[str, Any]:
     screen = Prescreen(config, Evaluator(config, "H200"), lambda _: None, None, planner)
     study = optuna.create_study(directions=["maximize", "maximize"])
     stage = Stage("parallelism", config.search_space["parallelism"], config.study.trials_per_stage)
-    assert screen.enqueue_best(study, stage, {}) == 1
+    assert screen.enqueue_best(study, stage, Incumbent({}, [], {}, "baseline")) == 1
     return search_space.suggest(study.ask(), stage.specs)  # the stage's first proposal
 
 
@@ -181,3 +181,21 @@ def test_when_no_estimate_meets_the_slos_the_nearest_goes_first(tmp_path: Path) 
     ttft = {p.params["tensor_parallel_size"]: p.estimate.ttft_ms for p in points}
     assert over[8] == pytest.approx(ttft[8] / 150 - 1) and over[8] < over[4] < over[2] < over[1]
     assert _first_enqueued(config)["tensor_parallel_size"] == 8
+
+
+def test_estimates_are_anchored_on_the_incumbents_measured_p99(tmp_path: Path) -> None:
+    """The incumbent (TP 8) measured a P99 TTFT 0.7x its estimated mean: scaled so, TP 8's
+    neighbours read as they would measure; a failed measurement (1e6 overshoot) anchors nothing."""
+    config = _fp8_70b(tmp_path, "slo.p99_ttft_s=0.15", "slo.p99_tpot_s=1", "slo.p99_e2e_s=100")
+    planner = Planner(config)
+    screen = Prescreen(config, Evaluator(config, "H200"), lambda _: None, None, planner)
+    at = {"tensor_parallel_size": 8, "pipeline_parallel_size": 1}
+    estimated_s = planner.estimate(at).ttft_ms / 1000
+    measured_s = 0.7 * estimated_s
+    incumbent = Incumbent(at, [1.0], {"slo_p99_ttft": measured_s / 0.15 - 1}, "baseline")
+    anchor = screen.anchor(incumbent)
+    assert anchor.ttft == pytest.approx(0.7) and anchor.tpot == 1.0  # no TPOT constraint given
+    point = planner.planned(at)
+    assert point.overshoot(config.slo) > 0 and point.overshoot(config.slo, anchor) == 0
+    failed = Incumbent(at, [1.0], {"slo_p99_ttft": 1e6}, "baseline")
+    assert screen.anchor(failed).ttft == 1.0
