@@ -2,16 +2,16 @@
 
 Where two groups' knobs meet an SLO only together (a smaller TP serves more tokens per GPU but
 its TTFT is over the SLO until the prefill chunk shrinks), a staged study that keeps its feasible
-incumbent never tries the pair: each stage changes one group. So when a stage keeps a feasible
-incumbent and one of its trials missed the SLOs by little (a summed overshoot of at most
-:data:`LEAD_MAX_OVERSHOOT`, its server ran) while beating the incumbent beyond the measured noise
-on its one window, the next stage searches around that trial instead of the incumbent.
+incumbent never tries the pair: each stage changes one group. So when, after a stage, the
+incumbent is feasible and one of the stage's trials missed the SLOs by little (a summed overshoot
+of at most :data:`LEAD_MAX_OVERSHOOT`, its server ran) while beating the incumbent beyond the
+measured noise on its one window, the next stage searches around that trial instead.
 
 A lead is never handed over: a stage's winner around it must meet every constraint and beat
 the incumbent itself (confirmed against it, interleaved, as every winner is). The next stages
 search around the lead until one accepts such a winner (the group that fixes the SLO may come
 two stages later: memory before batching); a study that ends with the lead unresolved hands over
-the incumbent. No lead is taken while one is followed, nor from the last stage.
+the incumbent. No new lead is taken while one is followed unresolved, nor from the last stage.
 """
 
 from __future__ import annotations

@@ -154,9 +154,7 @@ class StudyRunner:
                 incumbent, decision = self._run_stage(stage, incumbent, lead)
                 decisions.append(decision)
                 self.say(decision.line())
-                if decision.accepted:
-                    lead = None
-                elif lead is None:
+                if decision.accepted or lead is None:  # an unresolved lead is still followed
                     lead = self._lead(stage, incumbent)
         finally:
             self.close()
@@ -367,7 +365,7 @@ class StudyRunner:
         return self._apply(decision, incumbent, stage), decision
 
     def _lead(self, stage: Stage, incumbent: Incumbent) -> Incumbent | None:
-        """A near miss of a stage that kept its incumbent, for the next stages (not the last)."""
+        """A near miss of ``stage`` that beats the incumbent after it, for the next stages."""
         if stage is self.stages[-1]:
             return None
         study = self._done_stages[-1]
