@@ -121,10 +121,12 @@ def strategies(
     out = []
     for order in orders:
         groups = groups_of(land, order)
-        name = f"staged_tpe_{staged}_" + "-".join(g[:4] for g in groups)
-        out.append((StudyStrategy(name, "staged", "tpe", staged), groups))
+        passes = tuple(g for g in order if g in groups)  # a group named twice is searched twice
+        name = f"staged_tpe_{staged}_" + "-".join(g[:4] for g in passes)
+        out.append((StudyStrategy(name, "staged", "tpe", staged, stages=passes), groups))
         if prescreen:
-            screened = StudyStrategy(f"{name}_prescreen", "staged", "tpe", staged, prescreen=True)
+            screened = StudyStrategy(f"{name}_prescreen", "staged", "tpe", staged,
+                                     prescreen=True, stages=passes)  # fmt: skip
             out.append((screened, groups))
     if refine:
         first, groups = out[0]

@@ -139,6 +139,7 @@ class StudyStrategy:
     # study.prescreen: the plan's estimator refuses what it says cannot start and queues its
     # best points first in each stage (the base config must name the system and model)
     prescreen: bool = False
+    stages: tuple[str, ...] = ()  # study.stages when a group comes twice (default: the space's)
 
 
 def study_config(
@@ -148,7 +149,7 @@ def study_config(
     config = copy.deepcopy(base)
     config.name, config.studies_dir = f"replay-{s.name}-{seed}", str(folder)
     config.search_space = {g: dict(specs) for g, specs in space.items()}
-    config.study.strategy, config.study.stages = s.strategy, list(space)
+    config.study.strategy, config.study.stages = s.strategy, list(s.stages or space)
     config.study.trials_per_stage, config.study.repeats, config.study.seed = (
         s.trials_per_stage, s.repeats, seed,
     )  # fmt: skip

@@ -109,6 +109,15 @@ def test_staged_study_ends_with_a_joint_refinement(replay: ModuleType, tmp_path:
     assert any(m.startswith("stage refine") for m in run.said)
 
 
+def test_a_group_named_again_is_searched_again_as_its_own_stage(replay: ModuleType) -> None:
+    config = replay.base_config()
+    first, second = list(config.search_space)[:2]
+    config.study.stages = [first, second, first]
+    stages = plan_stages(config)
+    assert [s.name for s in stages] == [first, second, f"{first}2"]
+    assert stages[2].specs == stages[0].specs
+
+
 def test_refine_needs_a_staged_study_of_several_groups(replay: ModuleType) -> None:
     config = replay.base_config()
     config.search_space = {"batching": config.search_space["batching"]}

@@ -7,6 +7,7 @@ incumbent that enters a stage, and what a finished study returns.
 from __future__ import annotations
 
 import json
+from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -63,16 +64,24 @@ class StudyResult:
 def plan_stages(config: TunerConfig) -> list[Stage]:
     """Stages in the configured order; the joint strategy is one stage over every group.
 
-    A staged study with ``refine_trials`` ends with a joint stage over every group, started
-    from the staged incumbent: staging fixes each group at its winner while later groups are
-    searched, which misses optima where parameters of two groups interact.
+    A group named again is searched again from the incumbent the groups between made (its
+    second stage is ``<group>2``): where the best precision depends on the TP and the best TP on
+    the precision, one pass fixes the first at a value the second made wrong. A staged study
+    with ``refine_trials`` ends with a joint stage over every group, started from the staged
+    incumbent: staging fixes each group at its winner while later groups are searched, which
+    misses optima where parameters of two groups interact.
     """
     cfg, space = config.study, config.search_space
     names = [s for s in cfg.stages if s in space]
     union: dict[str, ParamSpec] = {p: spec for name in names for p, spec in space[name].items()}
     if cfg.strategy == "joint":
         return [Stage("joint", union, cfg.trials_per_stage)] if union else []
-    stages = [Stage(name, space[name], cfg.trials_per_stage) for name in names]
+    passes: Counter[str] = Counter()
+    stages = []
+    for name in names:
+        passes[name] += 1
+        label = name if passes[name] == 1 else f"{name}{passes[name]}"
+        stages.append(Stage(label, space[name], cfg.trials_per_stage))
     if cfg.refine_trials > 0 and len(stages) > 1:
         stages.append(Stage(REFINE, union, cfg.refine_trials))
     return stages
