@@ -53,7 +53,7 @@ from benchmarks.replay import base_config, categorical_space
 from benchmarks.scoring import Launch, RunTrace, aggregate, markdown
 from tuner import LengthDist, RequestClass, TunerConfig
 
-# Stage groups, in the default order of conf/study/llama70b_8xh200.yaml (structure first).
+# Stage groups (the default order of --orders is conf/study/llama70b_8xh200.yaml's).
 GROUPS = {
     "parallelism": [GPU_PARAM],
     "quantization": ["quantization", "kv_cache_dtype"],
@@ -219,7 +219,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--staged-trials", type=int, default=6, help="study.trials_per_stage, staged")
     p.add_argument("--joint-trials", type=int, default=24, help="study.trials_per_stage, joint")
     p.add_argument(
-        "--orders", nargs="+", default=["parallelism,quantization,memory,batching"],
+        "--orders", nargs="+", default=["quantization,parallelism,memory,batching,quantization"],
         help="stage orders of the staged arms, comma-separated; the first is the default",
     )  # fmt: skip
     p.add_argument("--refine-trials", type=int, default=0,

@@ -9,9 +9,10 @@ measured noise on its one window, the next stage searches around that trial inst
 
 A lead is never handed over: a stage's winner around it must meet every constraint and beat
 the incumbent itself (confirmed against it, interleaved, as every winner is). The next stages
-search around the lead until one accepts such a winner (the group that fixes the SLO may come
-two stages later: memory before batching); a study that ends with the lead unresolved hands over
-the incumbent. No new lead is taken while one is followed unresolved, nor from the last stage.
+search around the lead until one accepts such a winner, for at most :data:`LEAD_STAGES` stages
+(the group that fixes the SLO may come two stages later: memory before batching); then the
+stages go back to the incumbent, and a study that ends with the lead unresolved hands over the
+incumbent. No new lead is taken while one is followed, nor from the last stage.
 """
 
 from __future__ import annotations
@@ -27,6 +28,9 @@ from tuner.study.stages import Incumbent, measured_ok
 # Summed relative overshoot of the SLOs a lead may have: within reach of one more group's knobs
 # (the prefill chunk takes ~10 % off a P99 TTFT), and above a window's noise on a GPU (2-5 %).
 LEAD_MAX_OVERSHOOT = 0.25
+# Stages a lead is searched around before the study goes back to its incumbent: enough to reach
+# a group two stages on, few enough that a lead no knob can fix leaves the later groups to it.
+LEAD_STAGES = 2
 
 
 def find_lead(

@@ -30,7 +30,7 @@ from tuner.study.evaluation import Evaluated, Evaluator
 from tuner.study.failure_budget import FailureBudget
 from tuner.study.fingerprint import digest
 from tuner.study.flights import Flight, Flights, Want, record_lost
-from tuner.study.lead import find_lead, lead_incumbent, lead_line
+from tuner.study.lead import LEAD_STAGES, find_lead, lead_incumbent, lead_line
 from tuner.study.parallel import run_parallel_stage
 from tuner.study.prescreen import Prescreen
 from tuner.study.reference import QualityReference
@@ -149,13 +149,17 @@ class StudyRunner:
         try:
             baseline = self._baseline()
             incumbent, decisions = baseline, []
-            lead: Incumbent | None = None  # a near miss the next stage searches around
+            lead: Incumbent | None = None  # a near miss the next stages search around
+            followed = 0  # stages searched around it so far
             for stage in self.stages:
                 incumbent, decision = self._run_stage(stage, incumbent, lead)
                 decisions.append(decision)
                 self.say(decision.line())
-                if decision.accepted or lead is None:  # an unresolved lead is still followed
-                    lead = self._lead(stage, incumbent)
+                followed = followed + 1 if lead else 0
+                if decision.accepted or lead is None:
+                    lead, followed = self._lead(stage, incumbent), 0
+                elif followed >= LEAD_STAGES:  # no feasible winner around it: back to the incumbent
+                    lead = None
         finally:
             self.close()
         # _run_stage keeps each stage's study open, in stage order
