@@ -30,6 +30,8 @@ from tuner import (
     Measurements,
     MetricStats,
     ParamSpec,
+    Planner,
+    Prescreen,
     SamplerConfig,
     StudyAttr,
     StudyRunner,
@@ -39,8 +41,6 @@ from tuner import (
     TunerConfig,
     TunerError,
 )
-from tuner.plan.command import Planner
-from tuner.study.prescreen import Prescreen
 
 WINDOW_S = 10.0  # the grid's window: only used to rebuild counts from rates
 # The study's SQLite file: in memory-backed /dev/shm when there is one (a commit there costs

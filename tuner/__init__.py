@@ -90,6 +90,8 @@ _OWNERS: dict[str, str] = {
     "Fit": "tuner.plan.estimate",
     "Agreement": "tuner.plan.fidelity",
     "estimate_vs_measured": "tuner.plan.fidelity",
+    "Planner": "tuner.plan.command",
+    "Prescreen": "tuner.study.prescreen",
 }
 
 __all__ = [
@@ -117,6 +119,8 @@ __all__ = [
     "ObjectiveContext",
     "ParamSpec",
     "PlanPoint",
+    "Planner",
+    "Prescreen",
     "RequestClass",
     "RequestRecord",
     "Role",
@@ -184,6 +188,7 @@ if TYPE_CHECKING:  # the same names, eagerly, for type checkers and IDEs
     from tuner.measurement import Measurements, MetricStats, measure, token_rate, window_slices
     from tuner.outcome import TrialOutcome
     from tuner.paths import StudyPaths
+    from tuner.plan.command import Planner
     from tuner.plan.estimate import Estimator, Fit, PlanPoint
     from tuner.plan.fidelity import Agreement, estimate_vs_measured
     from tuner.records import RequestRecord, read_records
@@ -206,6 +211,7 @@ if TYPE_CHECKING:  # the same names, eagerly, for type checkers and IDEs
     from tuner.study.acceptance import Comparison, Decision, decide
     from tuner.study.evaluation import Evaluator
     from tuner.study.noise import NoiseEstimate, NoiseSplit
+    from tuner.study.prescreen import Prescreen
     from tuner.study.runner import StudyRunner, TrialFn
     from tuner.telemetry.metrics import counter_deltas, histogram_means, over_server, scrape
     from tuner.trial import run_trial
