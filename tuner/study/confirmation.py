@@ -78,8 +78,8 @@ class Confirmation:
         fresh = cand.constraints[1:] if self.config.study.keeps_search_window else []
         if base is not None and fresh:
             # Around a lead (a point known to miss the SLOs), the window picked is the one that
-            # read under them: judged with it, a point just over the SLO is handed over (the
-            # replays: 4-15 of 20 on the 8B H200 landscape). Its fresh repeats alone decide.
+            # read under them: judged with it, a point just over an SLO passes more often than
+            # its repeats say. Its fresh repeats alone decide.
             cand_c = mean_constraints(fresh)
         comparison = Comparison(
             stage.name, obj, direction, inc.values, cand.values, meets(cand_c), min_gain,
