@@ -30,7 +30,7 @@ _OWNERS: dict[str, str] = {
     "WorkloadConfig": "tuner.config.workload",
     "RequestClass": "tuner.config.workload",
     "LengthDist": "tuner.config.workload",
-    "compose": "tuner.cli",
+    "compose": "tuner.composition",
     # errors
     "TunerError": "tuner.errors",
     "ConfigError": "tuner.errors",
@@ -92,6 +92,11 @@ _OWNERS: dict[str, str] = {
     "estimate_vs_measured": "tuner.plan.fidelity",
     "Planner": "tuner.plan.command",
     "Prescreen": "tuner.study.prescreen",
+    # comparing two endpoints
+    "Ratio": "tuner.deployment.compare",
+    "Verdict": "tuner.deployment.compare",
+    "ratio_of": "tuner.deployment.compare",
+    "window_order": "tuner.deployment.compare",
 }
 
 __all__ = [
@@ -121,6 +126,7 @@ __all__ = [
     "PlanPoint",
     "Planner",
     "Prescreen",
+    "Ratio",
     "RequestClass",
     "RequestRecord",
     "Role",
@@ -136,6 +142,7 @@ __all__ = [
     "TrialStatus",
     "TunerConfig",
     "TunerError",
+    "Verdict",
     "WorkloadConfig",
     "build_plan",
     "compose",
@@ -148,6 +155,7 @@ __all__ = [
     "measure",
     "over_server",
     "pin",
+    "ratio_of",
     "read_cpuinfo",
     "read_records",
     "register_constraint",
@@ -158,6 +166,7 @@ __all__ = [
     "stat_or_nan",
     "token_rate",
     "tree_cpus",
+    "window_order",
     "window_slices",
 ]
 
@@ -176,9 +185,10 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:  # the same names, eagerly, for type checkers and IDEs
-    from tuner.cli import compose
+    from tuner.composition import compose
     from tuner.config import NOISE_RULES, ParamSpec, SamplerConfig, SloConfig, TunerConfig
     from tuner.config.workload import LengthDist, RequestClass, WorkloadConfig
+    from tuner.deployment.compare import Ratio, Verdict, ratio_of, window_order
     from tuner.errors import ConfigError, TunerError
     from tuner.host.cpu import read_cpuinfo
     from tuner.host.placement import pin, tree_cpus

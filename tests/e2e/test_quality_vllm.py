@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tuner.cli import compose
+from tuner.composition import compose
 from tuner.config import SloConfig, TunerConfig
 from tuner.loadgen.base import Target
 from tuner.measurement import measure

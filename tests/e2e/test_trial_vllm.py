@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tuner.cli import compose
+from tuner.composition import compose
 from tuner.host.process import port_is_free
 from tuner.records import read_records
 

@@ -13,7 +13,8 @@ import pytest
 
 from tests.conftest import overrides
 from tests.faults.conftest import FAST, ProcessWatch, wait_for
-from tuner.cli import compose, main
+from tuner.cli import main
+from tuner.composition import compose
 from tuner.host.process import free_port, port_is_free
 from tuner.paths import StudyPaths
 from tuner.server import LaunchSpec, make_backend

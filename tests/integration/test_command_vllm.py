@@ -17,7 +17,8 @@ import yaml
 
 from tests.conftest import TINY_MODEL
 from tests.fakes.stored_study import ACCEPTED, make_stored_study
-from tuner.cli import compose, main
+from tuner.cli import main
+from tuner.composition import compose
 from tuner.errors import ConfigError
 from tuner.server import vllm_parser
 from tuner.server.command import parse_command, parse_config_file

@@ -29,7 +29,7 @@ from tests.fakes.ray_study import (
     wait_gone,
     worker_env,
 )
-from tuner.cli import compose
+from tuner.composition import compose
 from tuner.executor import REASON_EXECUTOR_LOST
 from tuner.executor.cluster import loopback_only
 from tuner.schema import Role, TrialAttr

@@ -13,7 +13,8 @@ import pytest
 import yaml
 
 from tests.fakes.stored_study import ACCEPTED, make_stored_study, new_study
-from tuner.cli import compose, main
+from tuner.cli import main
+from tuner.composition import compose
 from tuner.config import CostConfig, SloConfig, TunerConfig
 from tuner.deployment.capacity_config import from_dict, stored_config
 from tuner.deployment.capacity_sweep import CapacitySearch, verdict

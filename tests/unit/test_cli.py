@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tuner.cli import compose, main
+from tuner.cli import main
+from tuner.composition import compose
 from tuner.config import ParamSpec, TunerConfig
 
 CONF = Path(__file__).resolve().parents[2] / "conf"

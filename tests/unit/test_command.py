@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from hydra.core.override_parser.overrides_parser import OverridesParser
 
-from tuner.cli import _verbatim, compose
+from tuner.composition import _verbatim, compose
 from tuner.config import ServerConfig
 from tuner.errors import ConfigError
 from tuner.redact import MASK

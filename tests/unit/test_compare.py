@@ -10,13 +10,13 @@ import math
 import numpy as np
 import pytest
 
-from tuner.deployment.compare import BETTER, SAME, WORSE, order, ratio_of
+from tuner.deployment.compare import BETTER, SAME, WORSE, ratio_of, window_order
 from tuner.study.noise import NoiseEstimate
 
 
 def test_windows_alternate_which_side_goes_first() -> None:
-    assert "".join(order(4)) == "ABBAABBA"
-    sides = order(5)
+    assert "".join(window_order(4)) == "ABBAABBA"
+    sides = window_order(5)
     assert sides.count("A") == sides.count("B") == 5
 
 

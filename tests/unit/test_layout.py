@@ -23,7 +23,7 @@ PACKAGE = ROOT / "tuner"
 # Top first. A unit may import units of its own row or below; same-row imports are allowed but
 # the circle check below still forbids two of them importing each other.
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("cli", "console"),
+    ("cli", "composition", "console"),
     ("deployment",),
     ("export",),
     ("review",),

@@ -13,7 +13,8 @@ import pandas as pd
 import pytest
 
 from tests.conftest import TINY_MODEL
-from tuner.cli import compose, main
+from tuner.cli import main
+from tuner.composition import compose
 from tuner.config import ParamSpec
 from tuner.config.plan import PlanConfig
 from tuner.errors import ConfigError

@@ -10,7 +10,7 @@ from typing import Any
 import optuna
 import pytest
 
-from tuner.cli import compose
+from tuner.composition import compose
 from tuner.config import TunerConfig
 from tuner.launch import LaunchSpec
 from tuner.measurement import Measurements, MetricStats

@@ -15,6 +15,7 @@ import math
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
+from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +39,16 @@ from tuner.scoring.objective import ObjectiveContext
 from tuner.study.acceptance import Comparison, decide
 from tuner.study.noise import NoiseEstimate
 
-BETTER, WORSE, SAME = "B better", "B worse", "within noise"
+
+class Verdict(StrEnum):
+    """What the rule says of B against A on one objective."""
+
+    BETTER = "B better"
+    WORSE = "B worse"
+    SAME = "within noise"
+
+
+BETTER, WORSE, SAME = Verdict.BETTER, Verdict.WORSE, Verdict.SAME
 
 
 @dataclass(frozen=True)
@@ -64,12 +74,12 @@ class Ratio:
     ratio: float
     low: float
     high: float
-    decision: str
+    decision: Verdict
     noise_rel_sd: float
     noise_df: int
 
 
-def order(windows: int) -> list[str]:
+def window_order(windows: int) -> list[str]:
     """``A B B A A B B A ...``: ``windows`` of each side, alternating which goes first."""
     return [side for i in range(windows) for side in (("A", "B") if i % 2 == 0 else ("B", "A"))]
 
@@ -150,7 +160,7 @@ def run_compare(config: TunerConfig, options: CompareOptions, say: Say) -> Compa
         "A": open_endpoint(options.url_a, key_a, names, options.wait_s, "--url-a"),
         "B": open_endpoint(options.url_b, key_b, names, options.wait_s, "--url-b"),
     }
-    started, sides = time.monotonic(), order(options.windows)
+    started, sides = time.monotonic(), window_order(options.windows)
     windows = []
     for i, side in enumerate(sides):
         say(f"window {i + 1}/{len(sides)}: {side} ({endpoints[side].url})")
