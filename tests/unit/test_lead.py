@@ -5,7 +5,8 @@ from __future__ import annotations
 import optuna
 
 from tuner.schema import TrialAttr, TrialStatus
-from tuner.study.lead import LEAD_MAX_OVERSHOOT, find_lead, lead_incumbent
+from tuner.study.acceptance import Decision
+from tuner.study.lead import LEAD_MAX_OVERSHOOT, find_lead, lead_incumbent, next_lead
 from tuner.study.noise import NoiseEstimate
 from tuner.study.stages import Incumbent
 
@@ -33,7 +34,7 @@ def _lead(*trials, incumbent: Incumbent = FEASIBLE, noise: float = 0.01):  # typ
 def test_the_best_near_miss_beyond_the_noise_leads() -> None:
     near, nearer = _trial(1, 4, 145.0, 0.09), _trial(2, 2, 130.0, 0.02)
     assert _lead(near, nearer, _trial(3, 1, 300.0, LEAD_MAX_OVERSHOOT + 0.01)) is near
-    lead = lead_incumbent(near, FEASIBLE, "parallelism", 0)
+    lead = lead_incumbent(near, FEASIBLE, "parallelism", 0, dict(near.constraints))
     assert lead.params == {"tensor_parallel_size": 4} and lead.samples == [145.0]
     assert lead.constraints == {"slo_p99_ttft": 0.09}
     assert lead.source == "parallelism trial 1 (lead)"
@@ -46,3 +47,32 @@ def test_no_lead_without_a_gain_beyond_the_noise_a_feasible_incumbent_or_a_runni
     assert _lead(_trial(1, 4, 145.0, 0.09, ok=False)) is None  # its server did not run
     over = Incumbent({}, [100.0], {"slo_p99_ttft": 0.3}, "baseline")
     assert _lead(_trial(1, 4, 145.0, 0.09), incumbent=over) is None  # already stepping
+
+
+def test_a_winner_whose_repeats_missed_the_slos_is_judged_by_them() -> None:
+    """Its window read under the SLO (so it won the stage); its repeats read 1 % over it: as a
+    passed-over winner it is a near miss, as a window alone it is not."""
+    winner = _trial(1, 4, 145.0, -0.001)
+    assert _lead(winner) is None
+    repeated = {1: {"slo_p99_ttft": 0.01}}
+    got = find_lead([winner], FEASIBLE, 0, 1.0, 0.0, NoiseEstimate(0.01, 10), repeated)
+    assert got is winner
+    assert find_lead([winner], FEASIBLE, 0, 1.0, 0.0, NoiseEstimate(0.01, 10),
+                     {1: {"slo_p99_ttft": LEAD_MAX_OVERSHOOT + 0.01}}) is None  # fmt: skip
+
+
+def test_a_winner_kept_out_on_its_repeats_leads_with_or_without_a_runner_up() -> None:
+    """No other trial met the SLOs on its window, so no runner-up was confirmed: the kept
+    decision's candidate is the winner, judged by its repeats (4 % over), and leads."""
+    winner, slower = _trial(1, 4, 145.0, -0.001), _trial(2, 2, 90.0, 0.5)
+    kept = Decision("parallelism", "tok_s", "maximize", False, "violated an SLO",
+                    candidate_trial=1, candidate_constraints={"slo_p99_ttft": 0.04})  # fmt: skip
+    got = next_lead([winner, slower], FEASIBLE, kept, (0, 1.0), 0.0, NoiseEstimate(0.01, 10))
+    assert got is not None
+    lead, line = got
+    assert lead.params == {"tensor_parallel_size": 4} and lead.constraints == {"slo_p99_ttft": 0.04}
+    assert "missed the SLOs by 4.0%" in line
+    # Accepted, its constraints are the new incumbent's: nothing re-measured is left over.
+    accepted = Decision("parallelism", "tok_s", "maximize", True, "gain", candidate_trial=1,
+                        candidate_constraints={"slo_p99_ttft": -0.01})  # fmt: skip
+    assert next_lead([winner], FEASIBLE, accepted, (0, 1.0), 0.0, NoiseEstimate(0.01, 10)) is None

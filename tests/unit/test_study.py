@@ -131,13 +131,17 @@ def test_refine_needs_a_staged_study_of_several_groups(replay: ModuleType) -> No
 def test_repeated_points_are_reused_and_a_small_space_ends_early(
     replay: ModuleType, tmp_path: Path
 ) -> None:
-    """5 trials per stage over 3 values each: never two launches of one point, so a stage
-    ends once its 3 points are measured (the budget counts launches, reuses are free)."""
+    """5 trials per stage over 3 values each: the budget covers the space, so each point not
+    measured is launched once (the seeded incumbent's is not), then the stage ends."""
     strategy = replay.StudyStrategy("t", "staged", "tpe", 5, repeats=1)
     run = Run(replay, tmp_path, strategy, fixed={"max_num_batched_tokens": 512})
     for stage, seeded in (("first", 0), ("second", 1)):
         launched = [launch.key for launch in run.launches if launch.label == stage]
-        assert len(launched) == len(set(launched)) <= 3 - seeded
+        assert len(launched) == len(set(launched)) == 3 - seeded
+        assert (
+            f"stage {stage}: its budget covers the {3 - seeded} point(s) not measured yet; "
+            "measuring each" in run.said
+        )
         search = run.trials(stage, Role.SEARCH)
         reused = [t for t in search if "reused_from" in t.user_attrs]
         assert len(search) == len(launched) + len(reused)
@@ -180,7 +184,13 @@ class Scripted:
     ) -> None:  # fmt: skip
         self.replay, self.script = replay, {k: list(v) for k, v in script.items()}
         strategy = replay.StudyStrategy(
-            "t", "staged", "random", 2, repeats=2, baseline_measurements=baselines, noise=noise,
+            "t",
+            "staged",
+            "random",
+            2,
+            repeats=2,
+            baseline_measurements=baselines,
+            noise=noise,
             count_search_window=count_search_window,
         )
         seqs = ParamSpec(type="categorical", choices=[16, 64])

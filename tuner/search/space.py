@@ -351,32 +351,37 @@ def finite_size(specs: Mapping[str, SpecLike]) -> int | None:
 _UNKNOWN = object()
 
 
-def _effective(param: str, spec: ParamSpec, params: Mapping[str, Any], fixed: ServerConfig) -> Any:
+def _effective(
+    param: str, spec: ParamSpec, params: Mapping[str, Any], fixed: ServerConfig,
+    defaults: Mapping[str, Any],
+) -> Any:  # fmt: skip
     if param in params:
         return params[param]
     where: Mapping[str, Any] = fixed.env if spec.target == "env" else fixed.args
     if (spec.name or param) in where:
         return where[spec.name or param]
     # An omit value means "leave the flag out", i.e. it stands for the server's own default.
-    return spec.omit[0] if spec.omit else _UNKNOWN
+    if spec.omit:
+        return spec.omit[0]
+    return defaults.get(param, _UNKNOWN)
 
 
 def resolve(
-    params: Mapping[str, Any], specs: Mapping[str, SpecLike], fixed: ServerConfig
-) -> dict[str, Any] | None:
+    params: Mapping[str, Any], specs: Mapping[str, SpecLike], fixed: ServerConfig,
+    defaults: Mapping[str, Any] | None = None,
+) -> dict[str, Any] | None:  # fmt: skip
     """Every parameter of ``specs`` as a server launched with ``params`` runs it, or None.
 
     A value comes from ``params``, else from the fixed ``fixed.args``/``fixed.env`` (a
-    ServerConfig), else from the spec's ``omit`` value. None when one is unknown (vLLM picks
-    it at start-up) or is not a point of its distribution: the sampler cannot place it.
+    ServerConfig), else from the spec's ``omit`` value, else from ``defaults`` (what the
+    server's own config says it runs for a flag left out). None when one is unknown (vLLM
+    picks it at start-up) or is not a point of its distribution: the sampler cannot place it.
     """
     out: dict[str, Any] = {}
     for param, spec in _specs(specs).items():
-        value = _effective(param, spec, params, fixed)
+        value = _effective(param, spec, params, fixed, defaults or {})
         point = None if value is _UNKNOWN else _kind(spec, param).coerce(spec, value)
         if point is None:
             return None
         out[param] = point
     return out
-
-

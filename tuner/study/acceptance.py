@@ -92,6 +92,10 @@ class Decision:
     candidate_constraints: dict[str, float] = field(default_factory=dict)
     # the incumbent's constraints on the mean of its repeats (empty when it was not re-measured)
     incumbent_constraints: dict[str, float] = field(default_factory=dict)
+    # a winner whose repeats missed the SLOs, passed over for the next trial that met them: its
+    # trial and its constraints on the mean of its repeats (a lead for the next stages)
+    passed_over_trial: int | None = None
+    passed_over_constraints: dict[str, float] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -26,7 +26,15 @@ from tuner.study.acceptance import Comparison, Decision, decide
 from tuner.study.evaluation import Evaluated, Evaluator
 from tuner.study.flights import Want
 from tuner.study.noise import NoiseEstimate, NoisePool
-from tuner.study.stages import Incumbent, Repeats, Stage, search_trials, stage_winner
+from tuner.study.stages import (
+    Incumbent,
+    Repeats,
+    Stage,
+    launched_trials,
+    measured_ok,
+    search_trials,
+    stage_winner,
+)
 
 NOTHING_BEAT = "no feasible trial beat the incumbent"
 # Measurements (side by side where the executor has the slots) -> each evaluated, told already
@@ -64,15 +72,59 @@ class Confirmation:
         """Re-measure winner and incumbent interleaved; accept only beyond the noise. The
         stage searched around ``base`` (a lead's params; default the incumbent's)."""
         idx, sign = self.evaluator.select_index, self.evaluator.select_sign
-        winner = stage_winner(search_trials(study), idx, sign, incumbent)
+        trials = search_trials(study)
+        winner = stage_winner(trials, idx, sign, incumbent)
         obj, direction = self.evaluator.select_by, self.evaluator.directions[idx]
-        min_gain = self.config.study.min_gain
         inc_ok = meets(incumbent.constraints)
         if winner is None or (inc_ok and sign * winner.values[idx] <= sign * incumbent.values[idx]):
             return Decision(stage.name, obj, direction, False, NOTHING_BEAT)
+        decision, inc = self._confirm(stage, incumbent, base, winner)
+        second = self._runner_up(study, trials, stage, incumbent, winner, decision)
+        if second is None:
+            return decision
+        self.say(
+            f"stage {stage.name}: trial {winner.number} missed the SLOs on its repeats; "
+            f"confirming trial {second.number} {second.params}, whose window met them"
+        )
+        other, _ = self._confirm(stage, incumbent, base, second, inc)
+        if not other.accepted:
+            return decision
+        return replace(other, passed_over_trial=winner.number,
+                       passed_over_constraints=decision.candidate_constraints)  # fmt: skip
+
+    def _runner_up(
+        self, study: optuna.Study, trials: list[optuna.trial.FrozenTrial], stage: Stage,
+        incumbent: Incumbent, winner: optuna.trial.FrozenTrial, decision: Decision,
+    ) -> optuna.trial.FrozenTrial | None:  # fmt: skip
+        """The stage's next best trial whose window met the constraints, when the winner's
+        repeats did not and what is left of the stage's budget pays for its repeats: a winner
+        whose window read just under an SLO must not shadow a trial that meets it with room
+        (replayed in benchmarks/: TP 4 read 0.1 % under the TPOT SLO once, TP 8 met it by 20 %)."""
+        if meets(decision.candidate_constraints):
+            return None
+        if stage.trials - len(launched_trials(study)) < self.config.study.repeats:
+            return None
+        idx, sign = self.evaluator.select_index, self.evaluator.select_sign
+        others = [
+            t for t in trials
+            if t.params != winner.params and measured_ok(t) and meets(t.constraints)
+        ]  # fmt: skip
+        if meets(incumbent.constraints):
+            others = [t for t in others if sign * t.values[idx] > sign * incumbent.values[idx]]
+        return max(others, key=lambda t: sign * t.values[idx]) if others else None
+
+    def _confirm(
+        self, stage: Stage, incumbent: Incumbent, base: dict[str, Any] | None,
+        winner: optuna.trial.FrozenTrial, against: Repeats | None = None,
+    ) -> tuple[Decision, Repeats]:  # fmt: skip
+        """``winner`` re-measured and compared with the incumbent: interleaved with the
+        incumbent's repeats, or against those of an earlier confirmation (``against``)."""
+        idx = self.evaluator.select_index
+        obj, min_gain = self.evaluator.select_by, self.config.study.min_gain
         cand_params = {**(incumbent.params if base is None else base), **winner.params}
-        inc, cand = self._repeats(stage, incumbent, cand_params, winner)
-        self.noise.add(incumbent.params, inc.values)
+        inc, cand = self._repeats(stage, incumbent, cand_params, winner, against)
+        if against is None:
+            self.noise.add(incumbent.params, inc.values)
         self.noise.add(cand_params, cand.values)
         inc_c, cand_c = mean_constraints(inc.constraints), mean_constraints(cand.constraints)
         fresh = cand.constraints[1:] if self.config.study.keeps_search_window else []
@@ -82,10 +134,11 @@ class Confirmation:
             # its repeats say. Its fresh repeats alone decide.
             cand_c = mean_constraints(fresh)
         comparison = Comparison(
-            stage.name, obj, direction, inc.values, cand.values, meets(cand_c), min_gain,
-            meets(inc_c), self.pooled(), violation(inc_c), violation(cand_c),
+            stage.name, obj, self.evaluator.directions[idx], inc.values, cand.values,
+            meets(cand_c), min_gain, meets(inc_c), self.pooled(), violation(inc_c),
+            violation(cand_c),
         )  # fmt: skip
-        return replace(
+        decision = replace(
             decide(comparison),
             candidate_trial=winner.number,
             candidate_params=cand_params,
@@ -93,6 +146,7 @@ class Confirmation:
             candidate_constraints=cand_c,
             incumbent_constraints=inc_c,
         )
+        return decision, inc
 
     def _repeats(
         self,
@@ -100,29 +154,35 @@ class Confirmation:
         incumbent: Incumbent,
         cand_params: dict[str, Any],
         winner: optuna.trial.FrozenTrial,
+        against: Repeats | None = None,
     ) -> tuple[Repeats, Repeats]:
         """The incumbent's measurements, the candidate's search window where it counts
-        (``study.count_search_window``), then ``study.repeats`` more of each, interleaved."""
+        (``study.count_search_window``), then ``study.repeats`` more of each, interleaved;
+        with ``against``, those incumbent repeats and only the candidate's."""
         idx = self.evaluator.select_index
         confirm = self.open_study(confirm_study(self.config.name))
         # Its earlier measurements count as many times as they are (their constraints are only
         # kept as means: repeated so that the new mean weighs every measurement alike).
         samples = incumbent.samples or [incumbent.values[idx]]
-        inc = Repeats(list(samples), [dict(incumbent.constraints)] * len(samples))
+        inc = against or Repeats(list(samples), [dict(incumbent.constraints)] * len(samples))
         cand = Repeats([], [])
         if self.config.study.keeps_search_window:
             cand = Repeats([winner.values[idx]], [dict(winner.constraints)])
+        tag = stage.name if against is None else f"{stage.name}/trial {winner.number}"
         for rnd in range(self.config.study.repeats):
-            sides = ((Role.INCUMBENT, incumbent.params, inc), (Role.CANDIDATE, cand_params, cand))
-            results = self._round(confirm, stage.name, rnd, [(r, p) for r, p, _ in sides])
+            sides = [(Role.CANDIDATE, cand_params, cand)]
+            if against is None:
+                sides.insert(0, (Role.INCUMBENT, incumbent.params, inc))
+            results = self._round(confirm, stage.name, tag, rnd, [(r, p) for r, p, _ in sides])
             for (_, _, out), result in zip(sides, results, strict=True):
                 out.values.append(result.values[idx])
                 out.constraints.append(dict(result.constraints))
         return inc, cand
 
     def _round(
-        self, confirm: optuna.Study, stage: str, rnd: int, sides: list[tuple[str, dict[str, Any]]]
-    ) -> list[Evaluated]:
+        self, confirm: optuna.Study, stage: str, tag_of: str, rnd: int,
+        sides: list[tuple[str, dict[str, Any]]],
+    ) -> list[Evaluated]:  # fmt: skip
         """Both sides of one round, in order: a side measured before an interrupt is read back;
         the others are measured, side by side when the executor has two slots (on disjoint
         devices, at the same time: the same conditions for both)."""
@@ -133,7 +193,7 @@ class Confirmation:
         results: list[Evaluated | None] = []
         wants = []
         for role, params in sides:
-            tag = f"{stage}/{rnd}/{role}"
+            tag = f"{tag_of}/{rnd}/{role}"
             if tag in stored:
                 results.append(self.evaluator.from_attrs(stored[tag]))
                 continue

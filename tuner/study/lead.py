@@ -17,11 +17,13 @@ incumbent. No new lead is taken while one is followed, nor from the last stage.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 
 import optuna
 
 from tuner.scoring.feasibility import meets, violation
+from tuner.study.acceptance import Decision
 from tuner.study.noise import NoiseEstimate
 from tuner.study.stages import Incumbent, measured_ok
 
@@ -40,15 +42,18 @@ def find_lead(
     select_sign: float,
     min_gain: float,
     pooled: NoiseEstimate | None,
+    repeated: Mapping[int, dict[str, float]] | None = None,
 ) -> optuna.trial.FrozenTrial | None:
     """The best near miss of a stage's search ``trials`` that beats a feasible ``incumbent``
-    beyond the noise on its one window, or None."""
+    beyond the noise on its one window, or None. ``repeated``: a trial's constraints on the mean
+    of its repeats, where the confirmation re-measured it (they judge it instead of its window:
+    a winner whose window read under an SLO and its repeats over it is a near miss)."""
     if not meets(incumbent.constraints):
         return None  # the acceptance rule already steps toward feasibility from there
     near = [
         t for t in trials
-        if measured_ok(t) and not meets(t.constraints)
-        and violation(t.constraints) <= LEAD_MAX_OVERSHOOT
+        if measured_ok(t) and not meets(judged(t, repeated))
+        and violation(judged(t, repeated)) <= LEAD_MAX_OVERSHOOT
     ]  # fmt: skip
     if not near:
         return None
@@ -59,23 +64,78 @@ def find_lead(
     return best if gain > max(noise, min_gain * abs(mean)) else None
 
 
+def judged(
+    trial: optuna.trial.FrozenTrial, repeated: Mapping[int, dict[str, float]] | None
+) -> dict[str, float]:
+    """A trial's constraints: on the mean of its repeats where it has them, else its window's."""
+    return dict((repeated or {}).get(trial.number, trial.constraints))
+
+
 def lead_incumbent(trial: optuna.trial.FrozenTrial, incumbent: Incumbent, stage: str,
-                   select_index: int) -> Incumbent:  # fmt: skip
+                   select_index: int, constraints: dict[str, float]) -> Incumbent:  # fmt: skip
     """The lead as the point the next stage starts from (its one window as its measurement)."""
     return Incumbent(
         {**incumbent.params, **trial.params},
         list(trial.values),
-        dict(trial.constraints),
+        dict(constraints),
         f"{stage} trial {trial.number} (lead)",
         [trial.values[select_index]],
     )
 
 
 def lead_line(stage: str, trial: optuna.trial.FrozenTrial, incumbent: Incumbent,
-              select_index: int, objective: str) -> str:  # fmt: skip
+              select_index: int, objective: str, constraints: dict[str, float]) -> str:  # fmt: skip
     gain = trial.values[select_index] / incumbent.values[select_index] - 1
     return (
         f"stage {stage}: trial {trial.number} {trial.params} missed the SLOs by "
-        f"{violation(trial.constraints):.1%} but {objective} {gain:+.1%} on its window: the next "
+        f"{violation(constraints):.1%} but {objective} {gain:+.1%} on its window: the next "
         "stages search around it; the incumbent stays unless a feasible winner beats it"
     )
+
+
+def next_lead(
+    trials: Sequence[optuna.trial.FrozenTrial], incumbent: Incumbent, decision: Decision,
+    select: tuple[int, float], min_gain: float, pooled: NoiseEstimate | None,
+) -> tuple[Incumbent, str] | None:  # fmt: skip
+    """After a stage's ``decision``: the lead its search ``trials`` give the next stages, with
+    the line that says so (a winner not handed over is judged by its repeats), or None.
+    ``select``: the selection objective's index and sign."""
+    repeated = re_measured(decision)
+    idx, sign = select
+    trial = find_lead(trials, incumbent, idx, sign, min_gain, pooled, repeated)
+    if trial is None:
+        return None
+    constraints = judged(trial, repeated)
+    line = lead_line(decision.stage, trial, incumbent, idx, decision.objective, constraints)
+    return lead_incumbent(trial, incumbent, decision.stage, idx, constraints), line
+
+
+def re_measured(decision: Decision) -> dict[int, dict[str, float]]:
+    """The stage's winner that the confirmation re-measured and did not hand over, with its
+    constraints on the mean of its repeats: passed over for a runner-up, or kept out with none
+    confirmed (no other trial met the SLOs on its window, or no launches were left for one).
+    Judged by its window it would be no near miss: that window read under the SLOs, which is
+    why it won."""
+    if decision.passed_over_trial is not None:
+        return {decision.passed_over_trial: dict(decision.passed_over_constraints)}
+    if decision.accepted or decision.candidate_trial is None or not decision.candidate_constraints:
+        return {}
+    return {decision.candidate_trial: dict(decision.candidate_constraints)}
+
+
+@dataclass
+class Following:
+    """The lead the stages search around, if any, and for how many stages so far."""
+
+    lead: Incumbent | None = None
+    stages: int = 0
+
+    def after(self, accepted: bool, find: Callable[[], Incumbent | None]) -> None:
+        """After a stage's decision: a new lead is looked for (``find``) when the stage
+        accepted a winner or followed none; one followed :data:`LEAD_STAGES` stages without
+        a feasible winner is dropped, back to the incumbent."""
+        self.stages = self.stages + 1 if self.lead else 0
+        if accepted or self.lead is None:
+            self.lead, self.stages = find(), 0
+        elif self.stages >= LEAD_STAGES:
+            self.lead = None

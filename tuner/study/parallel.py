@@ -51,6 +51,8 @@ class StageHost(Protocol):
 
     def _stage_exhausted(self, study: optuna.Study, stage: Stage) -> bool: ...
 
+    def _cover(self, study: optuna.Study, stage: Stage, launched: int) -> None: ...
+
     def _land(self, flight: Flight, result: TrialResult) -> Evaluated | None: ...
 
     def _tell(self, study: optuna.Study, trial: optuna.Trial, result: Evaluated) -> None: ...
@@ -142,6 +144,7 @@ class ParallelStage:
         if self.host._stage_exhausted(self.study, self.stage):
             self.asking = False
             return False
+        self.host._cover(self.study, self.stage, launched)
         return True
 
     def _ask(self) -> _Proposal | None:

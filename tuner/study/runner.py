@@ -10,6 +10,7 @@ from __future__ import annotations
 import shlex
 import time
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import optuna
@@ -25,12 +26,13 @@ from tuner.search.samplers import make_sampler
 from tuner.server import LaunchSpec
 from tuner.study.acceptance import Decision, resolution_line
 from tuner.study.budget import BudgetHook, LaunchBudget, planned_launches
+from tuner.study.canonical import Canonical
 from tuner.study.confirmation import Confirmation
 from tuner.study.evaluation import Evaluated, Evaluator
 from tuner.study.failure_budget import FailureBudget
 from tuner.study.fingerprint import digest
 from tuner.study.flights import Flight, Flights, Want, record_lost
-from tuner.study.lead import LEAD_STAGES, find_lead, lead_incumbent, lead_line
+from tuner.study.lead import Following, next_lead
 from tuner.study.parallel import run_parallel_stage
 from tuner.study.prescreen import Prescreen
 from tuner.study.reference import QualityReference
@@ -48,6 +50,7 @@ from tuner.study.stages import (
     ok_trials,
     pareto_front,
     plan_stages,
+    queue_unmeasured,
     search_trials,
     seed_incumbent,
     spec_text,
@@ -87,6 +90,7 @@ class StudyRunner:
         self.paths = StudyPaths.for_study(config.studies_dir, config.name)
         self.stages = plan_stages(config)
         self.all_specs = {p: s for st in self.stages for p, s in st.specs.items()}
+        self.canonical = Canonical(self.all_specs, config.server)
         self.budget = FailureBudget(config.study)
         first = config.study.baseline_measurements
         self.launches = LaunchBudget(planned_launches(config.study, self._stage_trials(0), first))
@@ -149,17 +153,12 @@ class StudyRunner:
         try:
             baseline = self._baseline()
             incumbent, decisions = baseline, []
-            lead: Incumbent | None = None  # a near miss the next stages search around
-            followed = 0  # stages searched around it so far
+            following = Following()  # a near miss the next stages search around
             for stage in self.stages:
-                incumbent, decision = self._run_stage(stage, incumbent, lead)
+                incumbent, decision = self._run_stage(stage, incumbent, following.lead)
                 decisions.append(decision)
                 self.say(decision.line())
-                followed = followed + 1 if lead else 0
-                if decision.accepted or lead is None:
-                    lead, followed = self._lead(stage, incumbent), 0
-                elif followed >= LEAD_STAGES:  # no feasible winner around it: back to the incumbent
-                    lead = None
+                following.after(decision.accepted, partial(self._lead, stage, incumbent, decision))
         finally:
             self.close()
         # _run_stage keeps each stage's study open, in stage order
@@ -348,6 +347,7 @@ class StudyRunner:
         while not self.flights.parallel and (done := len(launched_trials(study))) < stage.trials:
             if self._stage_exhausted(study, stage):
                 break
+            self._cover(study, stage, done)
             trial = study.ask()
             point = search_space.suggest(trial, stage.specs)
             params = {**start.params, **point}
@@ -368,18 +368,23 @@ class StudyRunner:
         self._done_stages.append(study)
         return self._apply(decision, incumbent, stage), decision
 
-    def _lead(self, stage: Stage, incumbent: Incumbent) -> Incumbent | None:
+    def _lead(self, stage: Stage, incumbent: Incumbent, decision: Decision) -> Incumbent | None:
         """A near miss of ``stage`` that beats the incumbent after it, for the next stages."""
         if stage is self.stages[-1]:
             return None
-        study = self._done_stages[-1]
-        idx, sign = self.evaluator.select_index, self.evaluator.select_sign
-        pooled, min_gain = self.confirmation.pooled(), self.config.study.min_gain
-        trial = find_lead(search_trials(study), incumbent, idx, sign, min_gain, pooled)
-        if trial is None:
+        select = (self.evaluator.select_index, self.evaluator.select_sign)
+        found = next_lead(search_trials(self._done_stages[-1]), incumbent, decision, select,
+                          self.config.study.min_gain, self.confirmation.pooled())  # fmt: skip
+        if found is None:
             return None
-        self.say(lead_line(stage.name, trial, incumbent, idx, self.evaluator.select_by))
-        return lead_incumbent(trial, incumbent, stage.name, idx)
+        self.say(found[1])
+        return found[0]
+
+    def _cover(self, study: optuna.Study, stage: Stage, launched: int) -> None:
+        """The points left, queued once the stage's budget covers them (stages.queue_unmeasured)."""
+        if left := queue_unmeasured(study, stage, launched):
+            self.say(f"stage {stage.name}: its budget covers the {len(left)} point(s) not "
+                     "measured yet; measuring each")  # fmt: skip
 
     def _stage_exhausted(self, study: optuna.Study, stage: Stage) -> bool:
         why = exhausted(study, stage, MAX_PROPOSALS_PER_TRIAL) if self.config.study.reuse else ""
@@ -392,12 +397,8 @@ class StudyRunner:
     ) -> optuna.trial.FrozenTrial | None:
         """This stage's trial at ``point``, or an earlier stage's of the same configuration."""
         return measured_point(study, point) or measured_config(
-            self._done_stages, params, self._canonical
+            self._done_stages, params, self.canonical
         )
-
-    def _canonical(self, params: dict[str, Any]) -> dict[str, Any]:
-        """Explicit params completed with the fixed args and omit values, where all are known."""
-        return search_space.resolve(params, self.all_specs, self.config.server) or params
 
     def _reuse(
         self, study: optuna.Study, trial: optuna.Trial, seen: optuna.trial.FrozenTrial, stage: Stage
@@ -407,7 +408,8 @@ class StudyRunner:
         self.say(f"stage {stage.name}: trial {trial.number} repeats {where}: measurement reused")
 
     def _seed_incumbent(self, study: optuna.Study, stage: Stage, incumbent: Incumbent) -> None:
-        if not seed_incumbent(study, stage, incumbent, self.config.server):
+        defaults = self.canonical.defaults(incumbent.params)
+        if not seed_incumbent(study, stage, incumbent, self.config.server, defaults):
             self.say(
                 f"stage {stage.name}: the incumbent runs vLLM's own default for some of "
                 f"{', '.join(stage.specs)} (not a point of this space); the sampler starts "

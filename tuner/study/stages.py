@@ -6,9 +6,10 @@ incumbent that enters a stage, and what a finished study returns.
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -57,8 +58,6 @@ class StudyResult:
     final: Incumbent
     decisions: list[Decision] = field(default_factory=list)
     pareto: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
-
-
 
 
 def plan_stages(config: TunerConfig) -> list[Stage]:
@@ -164,6 +163,36 @@ def distinct_points(study: optuna.Study) -> int:
     return len({_point(t.params) for t in study.get_trials(states=(TrialState.COMPLETE,))})
 
 
+def queue_unmeasured(study: optuna.Study, stage: Stage, launched: int) -> list[dict[str, Any]]:
+    """Queue every point of a finite stage space not measured nor being measured, once what is
+    left of the stage's budget covers them all (the points queued; [] otherwise).
+
+    Rather than trust the sampler there: TPE on a handful of points keeps proposing measured
+    ones and may never try the last (replayed in benchmarks/: a 1/2/4/8 TP stage that never ran
+    the only TP meeting the SLOs). Nothing is queued while the queue holds points already (the
+    prescreen's seeds go first)."""
+    if study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
+        return []
+    left = unmeasured_points(study, stage, stage.trials - launched)
+    for point in left:
+        study.enqueue_trial(point, skip_if_exists=True)
+    return left
+
+
+def unmeasured_points(study: optuna.Study, stage: Stage, limit: int) -> list[dict[str, Any]]:
+    """The points of a finite stage space not measured nor being measured, when there are at
+    most ``limit`` of them; [] otherwise (or for a space with a continuous range)."""
+    size = search_space.finite_size(stage.specs)
+    states = (TrialState.COMPLETE, TrialState.RUNNING)
+    taken = {_point(t.params) for t in study.get_trials(deepcopy=False, states=states) if t.params}
+    if size is None or size - len(taken) > limit:  # checked before enumerating a large space
+        return []
+    values = search_space.grid(stage.specs)
+    combos = itertools.product(*values.values())
+    points = (dict(zip(values, combo, strict=True)) for combo in combos)
+    return [p for p in points if _point(p) not in taken]
+
+
 def _config(params: dict[str, Any]) -> str:
     return json.dumps(params, sort_keys=True, default=str)
 
@@ -193,18 +222,20 @@ def jsonable(value: Any) -> Any:
 
 
 def seed_incumbent(
-    study: optuna.Study, stage: Stage, incumbent: Incumbent, server: ServerConfig
-) -> bool:
+    study: optuna.Study, stage: Stage, incumbent: Incumbent, server: ServerConfig,
+    defaults: Mapping[str, Any] | None = None,
+) -> bool:  # fmt: skip
     """Add the incumbent as a known first trial, so the sampler starts from the control.
 
-    Only when every param of the stage has a known value on the incumbent that lies in the
+    Only when every param of the stage has a known value on the incumbent (``defaults``: what
+    the server runs for a flag left out, see tuner.study.canonical) that lies in the
     stage's space (False otherwise): a trial with a partial point leaves Optuna's relative
     samplers (GP, NSGA-II, multivariate TPE) no common search space, and they fall back to
     random sampling for the whole stage (measured in the replays of benchmarks/).
     """
     if any(t.user_attrs.get(TrialAttr.ROLE) == Role.INCUMBENT for t in study.get_trials()):
         return True
-    params = search_space.resolve(incumbent.params, stage.specs, server)
+    params = search_space.resolve(incumbent.params, stage.specs, server, defaults)
     if params is None:
         return False
     study.add_trial(
