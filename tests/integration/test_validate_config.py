@@ -14,7 +14,8 @@ import psutil
 import pytest
 
 from tests.conftest import TINY_MODEL, leftover_processes
-from tuner.cli import compose, main
+from tuner.cli import main
+from tuner.composition import compose
 from tuner.config import ParamSpec, ServerConfig, TunerConfig
 from tuner.launch import LaunchSpec
 from tuner.outcome import REASON_INVALID_CONFIG, TrialOutcome
@@ -143,6 +144,52 @@ def test_a_study_tells_a_refused_candidate_without_launching_it(
     assert len(launched) == 2  # the baseline and the one point vLLM accepts
     assert first not in launched_trials(study)  # no launch, so no launch budget spent
     assert runner.launches.done == 2
+
+
+def test_a_flag_left_out_reads_as_vllms_own_value_for_that_launch(
+    validator: ConfigValidator,
+) -> None:
+    names = ["max_num_seqs", "max_num_batched_tokens", "kv_cache_dtype", "max_model_len"]
+    default = validator.values(LaunchSpec(), names)
+    assert set(default) == set(names) and default["max_model_len"] == 2048  # the fixed arg
+    assert isinstance(default["max_num_seqs"], int) and default["kv_cache_dtype"] == "auto"
+    explicit = validator.values(_launch(max_num_seqs=default["max_num_seqs"] + 3), names)
+    assert explicit["max_num_seqs"] == default["max_num_seqs"] + 3  # what was asked, read back
+    assert validator.values(_launch(max_num_seqs=-4), names) == {}  # refused: nothing runs
+
+
+def test_a_stage_point_equal_to_the_baselines_default_reuses_the_baseline(
+    validator: ConfigValidator, tmp_path: Path
+) -> None:
+    """The baseline leaves --max-num-seqs out; the stage's space holds vLLM's default for it
+    and one other value. The stage starts from the baseline's point (seeded, not launched
+    again) and launches only the other."""
+    default = validator.values(LaunchSpec(), ["max_num_seqs"])["max_num_seqs"]
+    config: TunerConfig = compose(
+        [f"studies_dir={tmp_path}", "name=d", "search_space=[batching]",
+         "study.stages=[batching]", "study.trials_per_stage=2", "study.repeats=0",
+         "study.baseline_measurements=1", "quality.enabled=false"]
+    )  # fmt: skip
+    config.server.args.pop("max_num_seqs", None)  # the quickstart's fixed 8: left out here
+    config.search_space["batching"] = {"max_num_seqs": ParamSpec("categorical",
+                                                                 choices=[4, default])}  # fmt: skip
+    launched: list[dict[str, Any]] = []
+
+    def trial_fn(cfg: TunerConfig, launch: LaunchSpec, paths: Any, trial_id: str,
+                 progress: Any = None) -> TrialOutcome:  # fmt: skip
+        launched.append(dict(launch.args))
+        return _outcome(launch, trial_id)
+
+    said: list[str] = []
+    evaluator = Evaluator(config)
+    runner = StudyRunner(config, evaluator, {"t": 1}, said.append, trial_fn=trial_fn)
+    runner.prescreen = Prescreen(config, evaluator, said.append, validator)
+    runner.canonical.server_values = runner.prescreen.server_values  # as Session attaches it
+    runner.run()
+    study = optuna.load_study(study_name="d:batching", storage=runner.storage_url)
+    seeds = [t for t in study.trials if t.user_attrs.get("role") == Role.INCUMBENT]
+    assert [t.params for t in seeds] == [{"max_num_seqs": default}]
+    assert launched == [{}, {"max_num_seqs": 4}]  # the baseline, then the one new point
 
 
 def test_the_worker_ends_with_its_stdin(validator: ConfigValidator) -> None:

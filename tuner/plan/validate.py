@@ -14,6 +14,7 @@ import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from tuner.config import ServerConfig
 from tuner.errors import PreflightError
@@ -108,6 +109,12 @@ class ConfigValidator:
         flags, env = self.request(launch)
         refused = self.worker.check(flags, env)
         return None if refused is None else explain(refused, flags)
+
+    def values(self, launch: LaunchSpec, names: list[str]) -> dict[str, Any]:
+        """What vLLM's engine config for ``launch`` holds for the server params ``names`` (a
+        flag left out: vLLM's default for this launch on this device); {} when it refuses."""
+        flags, env = self.request(launch)
+        return self.worker.build(flags, env, names)[1]
 
     def preflight(self, launch: LaunchSpec) -> None:
         """Raise PreflightError (one line, exit 2) when vLLM would refuse ``launch``."""

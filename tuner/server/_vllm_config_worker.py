@@ -8,6 +8,11 @@ which is how the OpenAI server builds its ``VllmConfig`` before it loads any wei
 ``config.json`` is read; no weight, no device memory. It exits at the end of stdin, so it dies
 with the process that started it.
 
+A request may also name server params (``"resolve": ["max_num_seqs", ...]``): the answer then
+carries ``"values"``, each as the built config holds it. A flag left out is vLLM's default
+there, which depends on the device, its memory and the other flags (max_num_seqs is 1024 on
+an 80 GB GPU, 128 on this CPU), so only vLLM's own config can say what a launch runs.
+
 The reply channel is the original stdout; fd 1 is pointed at stderr first, because vLLM and its
 libraries print to stdout and a stray line must not be taken for an answer.
 """
@@ -64,6 +69,28 @@ def _error(exc: BaseException) -> dict[str, Any]:
     return {"config": type(exc).__name__, "errors": [{"field": "", "message": text}]}
 
 
+# The parts of a VllmConfig that hold server params, searched in this order, and the params
+# whose field there has another name.
+SECTIONS = ("scheduler_config", "cache_config", "parallel_config", "model_config", "load_config")
+FIELDS = {"kv_cache_dtype": "cache_dtype"}
+
+
+def resolved(config: Any, names: list[str]) -> dict[str, Any]:
+    """Each of ``names`` that a section of ``config`` holds, as JSON gives it (plain values;
+    anything else as its string)."""
+    out: dict[str, Any] = {}
+    for name in names:
+        field = FIELDS.get(name, name)
+        for section in SECTIONS:
+            part = getattr(config, section, None)
+            if part is not None and hasattr(part, field):
+                value = getattr(part, field)
+                plain = value is None or isinstance(value, (bool, int, float, str))
+                out[name] = value if plain else str(value)
+                break
+    return out
+
+
 class Checker:
     """vLLM's parser and engine-args classes, imported once."""
 
@@ -76,26 +103,30 @@ class Checker:
         self.engine_args = find(ENGINE_MODULES, "AsyncEngineArgs")
         self.usage = find(USAGE_MODULES, "UsageContext").OPENAI_API_SERVER
 
-    def check(self, argv: list[str], env: dict[str, str]) -> dict[str, Any] | None:
-        """None when vLLM builds its config from ``argv`` under ``env``, else the error."""
+    def check(
+        self, argv: list[str], env: dict[str, str], names: list[str]
+    ) -> tuple[dict[str, Any] | None, dict[str, Any]]:
+        """(None, the values of ``names``) when vLLM builds its config from ``argv`` under
+        ``env``, else (the error, {})."""
         saved = {k: os.environ.get(k) for k in env}
         os.environ.update(env)
         try:
             args, message = self.parse(self.parser, self.validate, argv)
             if args is None:
-                return {"config": "argparse", "errors": [{"field": "", "message": message}]}
-            self.engine_args.from_cli_args(args).create_engine_config(usage_context=self.usage)
+                return {"config": "argparse", "errors": [{"field": "", "message": message}]}, {}
+            engine = self.engine_args.from_cli_args(args)
+            config = engine.create_engine_config(usage_context=self.usage)
         except BaseException as exc:  # vLLM raises pydantic, Value, Type and Assertion errors
             if isinstance(exc, KeyboardInterrupt):
                 raise
-            return _error(exc)
+            return _error(exc), {}
         finally:
             for key, value in saved.items():
                 if value is None:
                     os.environ.pop(key, None)
                 else:
                     os.environ[key] = value
-        return None
+        return None, resolved(config, names)
 
 
 def serve(channel: Any) -> int:
@@ -109,8 +140,11 @@ def serve(channel: Any) -> int:
         if not line.strip():
             continue
         request = json.loads(line)
-        error = checker.check(list(request.get("argv", [])), dict(request.get("env") or {}))
-        _answer(channel, {"id": request.get("id"), "error": error})
+        error, values = checker.check(
+            list(request.get("argv", [])), dict(request.get("env") or {}),
+            [str(n) for n in request.get("resolve") or ()],
+        )  # fmt: skip
+        _answer(channel, {"id": request.get("id"), "error": error, "values": values})
     return 0
 
 

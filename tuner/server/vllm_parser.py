@@ -338,12 +338,20 @@ class ConfigWorker:
     def check(self, argv: Sequence[str], env: Mapping[str, str]) -> ConfigRejection | None:
         """None when vLLM builds its engine config from ``argv`` (flags, with --model), else
         why not. Starts the worker on first use."""
+        return self.build(argv, env, ())[0]
+
+    def build(
+        self, argv: Sequence[str], env: Mapping[str, str], names: Sequence[str]
+    ) -> tuple[ConfigRejection | None, dict[str, Any]]:
+        """``check``, and the values vLLM's built config holds for the server params ``names``
+        (a flag left out: vLLM's default for this launch); {} when it refuses."""
         with self._lock:
             if not (self.alive and self._ready):
                 self.start()
             assert self._proc is not None and self._proc.stdin is not None
             self._next_id += 1
-            request = {"id": self._next_id, "argv": list(argv), "env": dict(env)}
+            request = {"id": self._next_id, "argv": list(argv), "env": dict(env),
+                       "resolve": list(names)}  # fmt: skip
             try:
                 self._proc.stdin.write((json.dumps(request) + "\n").encode())
                 self._proc.stdin.flush()
@@ -352,12 +360,12 @@ class ConfigWorker:
             reply = self._reply(CONFIG_CHECK_TIMEOUT_S, "check")
         error = reply.get("error")
         if not error:
-            return None
+            return None, dict(reply.get("values") or {})
         problems = tuple(
             ConfigProblem(str(p.get("field", "")), str(p.get("message", "")))
             for p in error.get("errors") or ()
         )
-        return ConfigRejection(str(error.get("config", "")), problems)
+        return ConfigRejection(str(error.get("config", "")), problems), {}
 
     def close(self) -> None:
         """End the worker: close its stdin (it exits), then reap its group if it lingers."""

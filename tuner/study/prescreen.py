@@ -33,6 +33,7 @@ from tuner.plan.table import Anchor, PlannedPoint
 from tuner.plan.validate import ConfigValidator, validates
 from tuner.schema import Role, TrialStatus
 from tuner.search import space as search_space
+from tuner.search.space import as_spec
 from tuner.study.evaluation import Evaluator
 from tuner.study.stages import Incumbent, Stage, search_trials
 
@@ -136,6 +137,21 @@ class Prescreen:
             self.validator = None
             return None
         return None if rejected is None else (REASON_INVALID_CONFIG, rejected.line())
+
+    def server_values(self, params: dict[str, Any], specs: dict[str, Any]) -> dict[str, Any]:
+        """What vLLM's config holds for each param of ``specs`` when launched with ``params``:
+        a param left out reads as vLLM's default for that launch. {} without the check."""
+        if self.validator is None:
+            return {}
+        names = {p: as_spec(s, p).name or p for p, s in specs.items()}
+        wanted = [n for p, n in names.items() if as_spec(specs[p], p).target == "arg"]
+        try:
+            found = self.validator.values(search_space.to_launch(params, specs), wanted)
+        except TunerError as exc:  # the worker broke: launch unchecked rather than stop
+            self.say(f"vLLM's config check is off for this run: {exc.one_line()}")
+            self.validator = None
+            return {}
+        return {p: found[n] for p, n in names.items() if n in found}
 
     def _screened(self, trial: optuna.Trial, params: dict[str, Any]) -> tuple[str, str] | None:
         if self.planner is None:

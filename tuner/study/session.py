@@ -66,6 +66,7 @@ class Session:
             raise PreflightError(f"vLLM rejects the fixed server args: {error}")
         prescreen.preflight()
         self.runner.prescreen = prescreen
+        self.runner.canonical.server_values = prescreen.server_values
 
     def _take_lock(self) -> None:
         """One `tuner run` per study folder: a second one would mark the first's trials failed."""
