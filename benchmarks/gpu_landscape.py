@@ -126,11 +126,27 @@ class GpuReference:
 
 
 def median_slo(land: GpuLandscape) -> GpuSlo:
-    """The median P99 TTFT and P99 TPOT over the configurations that start."""
+    """The median P99 TTFT and P99 TPOT over the configurations that start, each off the line."""
     ok = [land.true(k) for k in land.grid_keys() if land.true(k).ok]
-    return GpuSlo(
-        float(np.median([m.p99_ttft_s for m in ok])), float(np.median([m.p99_tpot_s for m in ok]))
-    )
+    ttft = [m.p99_ttft_s for m in ok if m.p99_ttft_s is not None]
+    tpot = [m.p99_tpot_s for m in ok if m.p99_tpot_s is not None]
+    return GpuSlo(off_the_line(ttft), off_the_line(tpot))
+
+
+def off_the_line(values: Sequence[float]) -> float:
+    """The median, moved half-way to the next larger value where configurations sit on it.
+
+    The median of an odd count, or of a tied middle, is some configurations' own P99: each noisy
+    reading of them is then a coin flip on the SLO, which no real SLO is drawn to be. Moving up
+    to half the gap keeps the true landscape as it was (nothing lies in between, so the same
+    configurations meet the SLO) and gives those at the median half the gap as their margin.
+    """
+    v = np.sort(np.asarray(values, dtype=float))
+    median = float(np.median(v))
+    if not np.any(np.isclose(v, median, rtol=1e-9, atol=0.0)):
+        return median
+    above = v[v > median * (1 + 1e-9)]
+    return (median + float(above[0])) / 2 if above.size else median
 
 
 def reference(land: GpuLandscape, slo: GpuSlo) -> GpuReference:

@@ -12,7 +12,16 @@ import numpy as np
 import pytest
 
 from benchmarks import gpu_replay
-from benchmarks.gpu_landscape import GPU_PARAM, GpuLandscape, GpuSlo, measured, reference, score
+from benchmarks.gpu_landscape import (
+    GPU_PARAM,
+    GpuLandscape,
+    GpuSlo,
+    measured,
+    median_slo,
+    off_the_line,
+    reference,
+    score,
+)
 from benchmarks.landscape import Measured
 from benchmarks.lookup import StudyStrategy
 from benchmarks.queueing import Load, serve
@@ -43,6 +52,23 @@ def test_the_reference_is_the_best_per_gpu_and_tight_slos_cut_it_off() -> None:
     # TTFT at cap 4 includes 3 rounds of waiting: an SLO of 0.45 s leaves only the caps above.
     tight = reference(land, GpuSlo(p99_ttft_s=0.45, p99_tpot_s=100.0))
     assert tight.defaults_score == 0.0 and score(land, tight, (1, 4)) == 0.0
+
+
+def test_the_median_slo_puts_no_configuration_on_the_line_and_keeps_who_meets_it() -> None:
+    # Five values, the median (3) is one of them: the SLO moves half-way to the next (4).
+    assert off_the_line([5.0, 1.0, 3.0, 4.0, 2.0]) == pytest.approx(3.5)
+    # A tied middle: 2 and 2 of six values; half-way to 6.
+    assert off_the_line([1.0, 2.0, 2.0, 2.0, 6.0, 7.0]) == pytest.approx(4.0)
+    # An even count with distinct middles: numpy's median already lies between them.
+    assert off_the_line([1.0, 2.0, 4.0, 8.0]) == pytest.approx(3.0)
+    land = synthetic()
+    slo = median_slo(land)
+    truths = [land.true(k) for k in land.grid_keys()]
+    for values, line in (([m.p99_ttft_s for m in truths], slo.p99_ttft_s),
+                         ([m.p99_tpot_s for m in truths], slo.p99_tpot_s)):  # fmt: skip
+        assert not np.any(np.isclose(values, line, rtol=1e-9, atol=0.0))
+        # The same configurations meet it as meet the plain median.
+        assert [v <= line for v in values] == [v <= float(np.median(values)) for v in values]
 
 
 def test_noise_is_multiplicative_at_the_stated_cv_and_absent_at_zero() -> None:
