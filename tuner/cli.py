@@ -120,7 +120,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     with RunDisplay() as display:
         session = open_session(config, args.rebaseline, display.say, display.launches)
         if args.dry_run:
-            print(session.runner.plan_text(session.baseline_argv))
+            print(session.plan_text())
             return 0
         try:
             session.preflight()

@@ -7,7 +7,6 @@ start, so an interrupted run continues where it stopped and never re-runs a comp
 
 from __future__ import annotations
 
-import shlex
 import time
 from collections.abc import Callable
 from functools import partial
@@ -53,7 +52,6 @@ from tuner.study.stages import (
     queue_unmeasured,
     search_trials,
     seed_incumbent,
-    spec_text,
     stage_winner,
     tell_reused,
 )
@@ -117,27 +115,8 @@ class StudyRunner:
         """A SQLite file under the run lock has no other writer (see fail_unfinished_trials)."""
         return self.storage_url.startswith("sqlite")
 
-    def plan_text(self, baseline_argv: list[str]) -> str:
-        cfg = self.config.study
-        launches = cfg.baseline_measurements + sum(
-            st.trials + 2 * cfg.repeats for st in self.stages
-        )
-        lines = [
-            f"study {self.config.name}: strategy {cfg.strategy}, storage {self._storage_shown()}",
-            f"objectives: {', '.join(self.evaluator.names)} (select by {self.evaluator.select_by})",
-            f"constraints: {', '.join(self.evaluator.constraint_names)}",
-            f"baseline: {shlex.join(baseline_argv)}",
-        ]
-        for st in self.stages:
-            space = ", ".join(f"{p}: {spec_text(s)}" for p, s in st.specs.items())
-            lines.append(f"stage {st.name}: {st.trials} trials over {{{space}}}")
-        lines.append(f"budget: at most {launches} server launches")
-        if self.executor is not None and self.executor.name != "local":
-            n = self.executor.slots
-            lines.append(f"executor: {self.executor.name}, {n} trial{'s' * (n > 1)} at once")
-        return "\n".join(lines)
-
-    def _storage_shown(self) -> str:
+    def storage_shown(self) -> str:
+        """The storage URL with any password masked, for lines a user sees."""
         from tuner.study.storage import redact_url
 
         return redact_url(self.storage_url)

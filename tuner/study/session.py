@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import shlex
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -30,7 +31,7 @@ from tuner.study.evaluation import Evaluator
 from tuner.study.fingerprint import fingerprint, hardware, public_env
 from tuner.study.prescreen import Prescreen
 from tuner.study.runner import Progress, StudyRunner
-from tuner.study.stages import Incumbent, StudyResult
+from tuner.study.stages import Incumbent, StudyResult, spec_text
 from tuner.study.storage import check_url
 from tuner.telemetry import gpu_inventory
 from tuner.trial import run_trial
@@ -112,7 +113,29 @@ class Session:
                     or "(no feasible trial)"
                 )
             )
-        lines.append(f"storage: {self.runner._storage_shown()}")
+        lines.append(f"storage: {self.runner.storage_shown()}")
+        return "\n".join(lines)
+
+    def plan_text(self) -> str:
+        """What `tuner run --dry-run` prints: the study, its stages and its launch budget."""
+        runner, cfg = self.runner, self.config.study
+        launches = cfg.baseline_measurements + sum(
+            st.trials + 2 * cfg.repeats for st in runner.stages
+        )
+        ev = runner.evaluator
+        lines = [
+            f"study {self.config.name}: strategy {cfg.strategy}, storage {runner.storage_shown()}",
+            f"objectives: {', '.join(ev.names)} (select by {ev.select_by})",
+            f"constraints: {', '.join(ev.constraint_names)}",
+            f"baseline: {shlex.join(self.baseline_argv)}",
+        ]
+        for st in runner.stages:
+            space = ", ".join(f"{p}: {spec_text(s)}" for p, s in st.specs.items())
+            lines.append(f"stage {st.name}: {st.trials} trials over {{{space}}}")
+        lines.append(f"budget: at most {launches} server launches")
+        if runner.executor is not None and runner.executor.name != "local":
+            n = runner.executor.slots
+            lines.append(f"executor: {runner.executor.name}, {n} trial{'s' * (n > 1)} at once")
         return "\n".join(lines)
 
     def close(self) -> None:
