@@ -38,13 +38,11 @@ from locust.env import Environment
 from locust.exception import StopUser
 from locust.runners import MasterRunner, WorkerRunner
 from requests.adapters import HTTPAdapter
-from urllib3.exceptions import ReadTimeoutError
 
-from tuner.loadgen.sse import ERROR_TEXT_MAX, read_stream
+from tuner.loadgen.request import consume, fail, prepare
 from tuner.loadgen.workload import arrival_gaps
 from tuner.records import (
     ERROR_CONNECTION,
-    ERROR_HTTP,
     ERROR_STREAM,
     ERROR_TIMEOUT,
     PHASE_MEASURE,
@@ -62,8 +60,6 @@ REFUSED_BACKOFF_S = 0.1  # a dead server refuses instantly: do not spin out thou
 # pass so the file counts every request: 1.2 s of every trial's exit, ~2 % of a 55 s trial on a
 # fast CPU host (measured in benchmarks/). A quarter second costs four tiny rewrites a second.
 locust_stats.CSV_STATS_INTERVAL_SEC = 0.25
-# What a broken or malformed answer raises while we read it (bad JSON, odd shapes, cut streams).
-_MALFORMED = (requests.exceptions.RequestException, ValueError, TypeError, KeyError, AttributeError)
 
 
 class _Deadline(Exception):
@@ -185,56 +181,6 @@ def _state() -> RunState:
 
 
 # ---------------------------------------------------------------------------- one request
-def _body(entry: dict[str, Any]) -> dict[str, Any]:
-    body: dict[str, Any] = {
-        "model": SPEC["model"],
-        "max_tokens": entry["max_tokens"],
-        "stream": True,
-        "stream_options": {"include_usage": True},
-        "ignore_eos": True,  # random-weight and real models alike: the asked length, always
-    }
-    if entry["api"] == "chat":
-        body["messages"] = entry["messages"]
-    else:
-        body["prompt"] = entry["prompt"]
-    return body
-
-
-def _prepare(session: requests.Session, entry: dict[str, Any]) -> requests.PreparedRequest:
-    """The HTTP request for a plan entry. Built before the clock starts: client work, not
-    latency. (requests' own prepare: HttpSession's override needs state its request() sets.)"""
-    path = "/v1/chat/completions" if entry["api"] == "chat" else "/v1/completions"
-    headers = {"Content-Type": "application/json"}
-    if key := os.environ.get("TUNER_LOADGEN_API_KEY"):
-        headers["Authorization"] = f"Bearer {key}"
-    body = json.dumps(_body(entry)).encode()
-    request = requests.Request("POST", SPEC["base_url"] + path, data=body, headers=headers)
-    return requests.Session.prepare_request(session, request)
-
-
-def _fail(rec: RequestRecord, kind: str, error: str) -> None:
-    rec.ok = False
-    rec.error_kind = kind
-    rec.error = error[:ERROR_TEXT_MAX]
-    rec.ttft_s = rec.e2e_s = None
-    rec.itl_s = []
-
-
-def _consume(resp: requests.Response, rec: RequestRecord, t_send: float, chat: bool) -> None:
-    """Read the answer and classify a failure (the caller bounds the total time)."""
-    rec.status = resp.status_code
-    try:
-        if rec.status != 200:
-            _fail(rec, ERROR_HTTP, f"HTTP {rec.status}: {resp.content.decode('utf-8', 'replace')}")
-            return
-        read_stream(resp.iter_lines(), rec, t_send, chat)
-    except requests.exceptions.ConnectionError as exc:
-        timeout = isinstance(exc.args[0] if exc.args else None, ReadTimeoutError)
-        _fail(rec, ERROR_TIMEOUT if timeout else ERROR_STREAM, f"after HTTP {rec.status}: {exc!r}")
-    except _MALFORMED as exc:
-        _fail(rec, ERROR_STREAM, f"after HTTP {rec.status}: {exc!r}")
-
-
 def _exchange(
     session: requests.Session, prepared: requests.PreparedRequest, rec: RequestRecord, chat: bool
 ) -> float:
@@ -247,17 +193,17 @@ def _exchange(
         with gevent.Timeout(timeout, _Deadline()):
             resp = session.send(prepared, stream=True, timeout=(timeout, timeout))
             try:
-                _consume(resp, rec, t_send, chat)
+                consume(resp, rec, t_send, chat)
             finally:
                 resp.close()
                 rec.done_at = _state().wall(time.perf_counter())
     except _Deadline:
-        _fail(rec, ERROR_TIMEOUT, f"no complete answer within {timeout} s")
+        fail(rec, ERROR_TIMEOUT, f"no complete answer within {timeout} s")
     except requests.exceptions.Timeout as exc:
-        _fail(rec, ERROR_TIMEOUT, repr(exc))
+        fail(rec, ERROR_TIMEOUT, repr(exc))
     except requests.exceptions.RequestException as exc:
         # refused/reset/disconnected before any response: may be a client artifact (keep-alive)
-        _fail(rec, ERROR_CONNECTION, repr(exc))
+        fail(rec, ERROR_CONNECTION, repr(exc))
     return t_send
 
 
@@ -280,12 +226,13 @@ def send_one(
 ) -> RequestRecord:
     """Send one planned request, stream the answer, write its record."""
     state = _state()
-    prepared = _prepare(user.client, entry)
+    prepared = prepare(user.client, entry, SPEC["model"], SPEC["base_url"],
+                       os.environ.get("TUNER_LOADGEN_API_KEY"))  # fmt: skip
     rec = state.open_record(entry, phase, sched, getattr(user, "user_id", ""))
     try:
         t_send = _exchange(user.client, prepared, rec, entry["api"] == "chat")
     except Exception as exc:  # a bug here, not a server failure: record it, fail the run
-        _fail(rec, ERROR_STREAM, f"client error: {exc!r}")
+        fail(rec, ERROR_STREAM, f"client error: {exc!r}")
         state.write(rec)
         user.environment.process_exit_code = CLIENT_BUG_EXIT
         raise
@@ -370,7 +317,7 @@ def _cut_off(state: RunState) -> int:
     """Record requests still running at the drain deadline, so none silently vanish."""
     stragglers = list(state.in_flight.values())
     for rec in stragglers:
-        _fail(rec, ERROR_TIMEOUT, "cut off: still running at the drain deadline")
+        fail(rec, ERROR_TIMEOUT, "cut off: still running at the drain deadline")
         state.write(rec)
     return len(stragglers)
 
