@@ -121,18 +121,7 @@ def test_a_study_tells_a_refused_candidate_without_launching_it(
         "max_num_batched_tokens": ParamSpec("categorical", choices=[1024, 4096]),
         "enable_chunked_prefill": ParamSpec("categorical", choices=[False]),
     }
-    launched: list[dict[str, Any]] = []
-
-    def trial_fn(cfg: TunerConfig, launch: LaunchSpec, paths: Any, trial_id: str,
-                 progress: Any = None) -> TrialOutcome:  # fmt: skip
-        launched.append(dict(launch.args))
-        return _outcome(launch, trial_id)
-
-    said: list[str] = []
-    evaluator = Evaluator(config)
-    runner = StudyRunner(config, evaluator, {"t": 1}, said.append, trial_fn=trial_fn)
-    runner.prescreen = Prescreen(config, evaluator, said.append, validator)
-    runner.run()
+    runner, launched = _screened_run(config, validator)
     study = optuna.load_study(study_name="v:batching", storage=runner.storage_url)
     reason = "failure_reason"
     refused = [t for t in study.trials if t.user_attrs.get(reason) == REASON_INVALID_CONFIG]
@@ -173,19 +162,7 @@ def test_a_stage_point_equal_to_the_baselines_default_reuses_the_baseline(
     config.server.args.pop("max_num_seqs", None)  # the quickstart's fixed 8: left out here
     config.search_space["batching"] = {"max_num_seqs": ParamSpec("categorical",
                                                                  choices=[4, default])}  # fmt: skip
-    launched: list[dict[str, Any]] = []
-
-    def trial_fn(cfg: TunerConfig, launch: LaunchSpec, paths: Any, trial_id: str,
-                 progress: Any = None) -> TrialOutcome:  # fmt: skip
-        launched.append(dict(launch.args))
-        return _outcome(launch, trial_id)
-
-    said: list[str] = []
-    evaluator = Evaluator(config)
-    runner = StudyRunner(config, evaluator, {"t": 1}, said.append, trial_fn=trial_fn)
-    runner.prescreen = Prescreen(config, evaluator, said.append, validator)
-    runner.canonical.server_values = runner.prescreen.server_values  # as Session attaches it
-    runner.run()
+    runner, launched = _screened_run(config, validator, server_values=True)
     study = optuna.load_study(study_name="d:batching", storage=runner.storage_url)
     seeds = [t for t in study.trials if t.user_attrs.get("role") == Role.INCUMBENT]
     assert [t.params for t in seeds] == [{"max_num_seqs": default}]
@@ -201,3 +178,24 @@ def test_the_worker_ends_with_its_stdin(validator: ConfigValidator) -> None:
     assert proc.wait(timeout=10) == 0
     vllm_parser.close_config_workers()
     assert _workers() == []
+
+
+def _screened_run(
+    config: TunerConfig, validator: ConfigValidator, server_values: bool = False
+) -> tuple[StudyRunner, list[dict[str, Any]]]:
+    """A study whose candidates vLLM's config worker checks (as Session.preflight attaches it;
+    ``server_values``: it also says what a flag left out runs as); the launches' args."""
+    launched: list[dict[str, Any]] = []
+
+    def trial_fn(cfg: TunerConfig, launch: LaunchSpec, paths: Any, trial_id: str,
+                 progress: Any = None) -> TrialOutcome:  # fmt: skip
+        launched.append(dict(launch.args))
+        return _outcome(launch, trial_id)
+
+    evaluator = Evaluator(config)
+    runner = StudyRunner(config, evaluator, {"t": 1}, lambda _line: None, trial_fn=trial_fn)
+    runner.prescreen = Prescreen(config, evaluator, lambda _line: None, validator)
+    if server_values:
+        runner.canonical.server_values = runner.prescreen.server_values
+    runner.run()
+    return runner, launched
