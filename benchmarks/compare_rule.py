@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from benchmarks.layout import results
-from benchmarks.scoring import markdown
+from benchmarks.scoring import write_markdown
 from tuner import Comparison, NoiseEstimate, Verdict, decide, ratio_of, window_order
 
 OUT = results("acceptance", "simulation", "compare_rule.md")
@@ -105,15 +105,12 @@ def table() -> list[dict[str, Any]]:
 
 
 def main() -> int:
-    text = markdown(table())
-    OUT.parent.mkdir(parents=True, exist_ok=True)
-    OUT.write_text(
+    text = write_markdown(OUT, (
         "Each cell: pooled (tuner compare) | paired. steady: independent windows of 5 %; "
         "drifting: a random walk of 5 % a window plus 3 %; episodic: a 15 % slowdown that "
         "switches with chance 0.3 per window, plus 3 %. 4,000 comparisons per cell, seed 11, "
-        "min_gain 2 %.\n\n"
-        + text + "\n"
-    )  # fmt: skip
+        "min_gain 2 %."
+    ), table())  # fmt: skip
     print(text)
     return 0
 

@@ -12,6 +12,7 @@ import math
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from benchmarks.landscape import (
@@ -197,6 +198,14 @@ def markdown(summary: Sequence[dict[str, Any]]) -> str:
     lines += ["| " + " | ".join("-" if r[c] is None else str(r[c]) for c in cols) + " |"
               for r in summary]  # fmt: skip
     return "\n".join(lines)
+
+
+def write_markdown(path: Path, preface: str, rows: Sequence[dict[str, Any]]) -> str:
+    """A results page: ``preface`` (what each cell is, the seed), then the table; the table."""
+    text = markdown(rows)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(preface + "\n\n" + text + "\n")
+    return text
 
 
 def incumbent_timeline(

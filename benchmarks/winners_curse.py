@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from benchmarks.layout import results
-from benchmarks.scoring import markdown
+from benchmarks.scoring import write_markdown
 from tuner import Comparison, NoiseEstimate, decide
 
 OUT = results("acceptance", "simulation", "winners_curse.md")
@@ -61,13 +61,11 @@ def table() -> list[dict[str, Any]]:
 
 
 def main() -> int:
-    text = markdown(table())
-    OUT.parent.mkdir(parents=True, exist_ok=True)
-    OUT.write_text(
+    text = write_markdown(OUT, (
         "Share of stages that hand over a winner truly `gain` better than the incumbent; each "
         "cell: count | drop (study.count_search_window), 4 configurations searched, 3,000 "
-        "stages, seed 7.\n\n" + text + "\n"
-    )
+        "stages, seed 7."
+    ), table())  # fmt: skip
     print(text)
     return 0
 
