@@ -23,9 +23,12 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
+from benchmarks import scoring
 from benchmarks.layout import results
+from benchmarks.silicon import TABLES
 from tuner import Estimator, PlanPoint, estimate_vs_measured
 
 # The measured runs' model -> the model config AIConfigurator ships for its architecture (no
@@ -184,6 +187,27 @@ def figure(d: pd.DataFrame, path: Path) -> None:
     plt.close(fig)
 
 
+def ttft_slopes(d: pd.DataFrame) -> pd.DataFrame:
+    """Per group of runs that differ only in concurrency (system, model, precision, TP,
+    lengths; 3 batches or more): the slope of log(measured TTFT / estimated) over log(batch),
+    and whether a silicon replay table searches those runs (``in_table``)."""
+    d = d[(d["est_ttft_ms"] > 0) & (d["silicon_ttft_ms"] > 0)]
+    keys = ["system", "model_path", "gemm_quant_mode", "tp_size", "isl", "osl"]
+    rows = []
+    for key, g in d.groupby(keys, dropna=False):
+        if g["batch_size"].nunique() < 3:
+            continue
+        x, y = np.log(g["batch_size"]), np.log(g["silicon_ttft_ms"] / g["est_ttft_ms"])
+        row = dict(zip(keys, key, strict=True))
+        in_table = any(
+            t.system == row["system"] and t.model in str(row["model_path"])
+            and (t.isl, t.osl) == (row["isl"], row["osl"]) for t in TABLES.values()
+        )  # fmt: skip
+        rows.append({**row, "runs": len(g), "slope": float(np.polyfit(x, y, 1)[0]),
+                     "in_table": in_table})  # fmt: skip
+    return pd.DataFrame(rows)
+
+
 def _n(value: float | None) -> str:
     missing = value is None or (isinstance(value, float) and math.isnan(value))
     return "-" if missing else f"{value:.2f}"
@@ -202,7 +226,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     table = markdown(groups)
     (args.out / "plan_fidelity.md").write_text(table)
     figure(d, args.out / "plan_fidelity.png")
+    slopes = ttft_slopes(d)
+    rows = slopes.round(2).to_dict("records")
+    (args.out / "ttft_slope.md").write_text(scoring.markdown(rows) + "\n")
+    held = slopes[~slopes["in_table"]]["slope"]
     print(table)
+    print(f"TTFT measured/estimated ~ batch**slope over {len(held)} groups no replay table "
+          f"searches: median {held.median():.2f}, quartiles {held.quantile(0.25):.2f}-"
+          f"{held.quantile(0.75):.2f} (tuner.plan.table.TTFT_SLOPE)")
     print(f"written: {args.out}")
     return 0
 

@@ -98,6 +98,7 @@ class TrialAttr:
     SOURCE: Final = "source"  # where a seeded incumbent's values come from
     REUSED_FROM: Final = "reused_from"  # a repeated proposal answered by this trial number
     REUSED_FROM_STAGE: Final = "reused_from_stage"
+    SEEDED: Final = "seeded"  # queued by the estimator (study.prescreen), not the sampler
     CONFIRM_TAG: Final = "confirm_tag"  # a confirmation slot: <stage>/<round>/<side>
     INTERRUPTED: Final = "interrupted"  # the run stopped during this trial
     DEVICES: Final = "devices"  # where the trial ran: node, GPUs assigned and sampled, CPUs

@@ -11,21 +11,22 @@ import optuna
 import pytest
 
 from tuner.composition import compose
-from tuner.config import TunerConfig
+from tuner.config import ParamSpec, TunerConfig
 from tuner.launch import LaunchSpec
 from tuner.measurement import Measurements, MetricStats
 from tuner.outcome import REASON_SCREENED, TrialOutcome
 from tuner.plan.command import Planner
 from tuner.plan.estimate import PLAN_ATTRS
 from tuner.plan.fidelity import estimate_vs_measured, spearman, trials_agreement
+from tuner.plan.table import MAX_SLOPE, TTFT_SLOPE, Scale
 from tuner.review.render import html_page, summary_text
 from tuner.review.report import build_report
 from tuner.review.stored import open_review
-from tuner.schema import Role, TrialStatus
+from tuner.schema import Role, TrialAttr, TrialStatus
 from tuner.scoring.feasibility import meets
 from tuner.search import space as search_space
 from tuner.study.evaluation import Evaluator
-from tuner.study.prescreen import Prescreen
+from tuner.study.prescreen import Prescreen, seeds_for
 from tuner.study.runner import StudyRunner
 from tuner.study.stages import Incumbent, Stage
 
@@ -102,7 +103,7 @@ def test_a_point_that_cannot_fit_is_screened_unlaunched_and_the_best_go_first(
     assert len(launched) == 1 + 3  # the baseline, then the three points that fit
     # the first trial is the estimator's best point for throughput (the selection objective)
     assert search[0].params == {"tensor_parallel_size": 8, "pipeline_parallel_size": 1}
-    assert any("first trial(s) from the estimator" in line for line in said)
+    assert any("next trial(s) from the estimator" in line for line in said)
     assert any("all 4 points of its space are measured" in line for line in said)
     for t in search:  # the estimate sits beside the measurement of every launched trial
         assert set(PLAN_ATTRS) <= set(t.user_attrs)
@@ -194,8 +195,101 @@ def test_estimates_are_anchored_on_the_incumbents_measured_p99(tmp_path: Path) -
     measured_s = 0.7 * estimated_s
     incumbent = Incumbent(at, [1.0], {"slo_p99_ttft": measured_s / 0.15 - 1}, "baseline")
     anchor = screen.anchor(incumbent)
-    assert anchor.ttft == pytest.approx(0.7) and anchor.tpot == 1.0  # no TPOT constraint given
+    assert anchor.ttft.factor == pytest.approx(0.7) and anchor.tpot.factor == 1.0  # no TPOT SLO set
     point = planner.planned(at)
     assert point.overshoot(config.slo) > 0 and point.overshoot(config.slo, anchor) == 0
     failed = Incumbent(at, [1.0], {"slo_p99_ttft": 1e6}, "baseline")
-    assert screen.anchor(failed).ttft == 1.0
+    assert screen.anchor(failed).ttft.factor == 1.0
+
+
+def test_a_scale_runs_through_two_batches_and_is_flat_at_one() -> None:
+    """Hand-computed: factors 0.5 at batch 4 and 1.0 at 64 are a slope of ln 2 / ln 16."""
+    scale = Scale.fit([(4, 0.5), (64, 1.0)])
+    assert scale.slope == pytest.approx(0.25)
+    assert scale(4) == pytest.approx(0.5) and scale(64) == pytest.approx(1.0)
+    assert scale(16) == pytest.approx(0.5 * 4**0.25)
+    flat = Scale.fit([(64, 0.8), (64, 0.2)])  # one batch: the geometric mean, everywhere
+    assert flat.slope == 0 and flat(4) == pytest.approx(0.4)
+    known = Scale.fit([(64, 0.4)], prior=0.5)  # ... or along a slope known beforehand
+    assert known(64) == pytest.approx(0.4) and known(16) == pytest.approx(0.2)
+    assert Scale.fit([(1, 0.1), (2, 10.0)]).slope == MAX_SLOPE  # two noisy windows, bounded
+    assert Scale.fit([])(16) == 1.0
+
+
+def _batching_70b(tmp_path: Path, slo_ttft_s: float) -> TunerConfig:
+    """The 70B FP8 at TP 8 on H200s, max_num_seqs the only knob, 64 users of 1024/1024."""
+    config = compose([
+        "study=llama70b_8xh200", "server.model=meta-llama/Meta-Llama-3.1-70B",
+        "plan.system=h200_sxm", "plan.backend_version=0.24.0", "study.prescreen=true",
+        "+server.args.quantization=fp8", "+server.args.tensor_parallel_size=8",
+        "search_space=[batching]", "study.stages=[batching]",
+        "study.trials_per_stage=4", "workload.concurrency=64",
+        "workload.classes=[{prompt_tokens:{mean:1024},output_tokens:{mean:1024}}]",
+        "objectives.names=[output_throughput_per_gpu,output_throughput_per_user]",
+        "objectives.select_by=output_throughput_per_gpu", f"slo.p99_ttft_s={slo_ttft_s}",
+        "slo.p99_tpot_s=1", "slo.p99_e2e_s=1000", f"studies_dir={tmp_path}",
+    ])  # fmt: skip
+    seqs = ParamSpec(type="categorical", choices=[4, 8, 16, 32, 64])
+    config.search_space = {"batching": {"max_num_seqs": seqs}}
+    return config
+
+
+def test_each_seed_is_chosen_knowing_how_the_last_one_measured(tmp_path: Path) -> None:
+    """The incumbent (64 sequences) measured its estimated TTFT. Before any launch of the
+    stage the known slope scales the estimates of smaller batches down, and the SLO is set so
+    that 8 sequences is the largest that meets it (its bare estimate misses): 8 goes first. It
+    measures at 0.3 of its estimate, under what that slope said: the factor is steeper than
+    assumed, and the next seed is the larger batch (more tokens per GPU) that the fitted slope
+    says meets the SLO, one the known slope alone said would miss."""
+    batches = [4, 8, 16, 32, 64]
+    planner = Planner(_batching_70b(tmp_path, 1.0))
+    est = {n: planner.estimate({"max_num_seqs": n}).ttft_ms / 1000 for n in batches}
+    known = Scale(1.0, TTFT_SLOPE, 64)
+    slo = est[8] * known(8) * 1.01
+    assert est[8] > slo and est[16] * known(16) > slo
+    config = _batching_70b(tmp_path, slo)
+    screen = Prescreen(config, Evaluator(config, "H200"), lambda _: None, None, Planner(config))
+    stage = Stage("batching", config.search_space["batching"], config.study.trials_per_stage)
+    incumbent = Incumbent({}, [1.0], {"slo_p99_ttft": est[64] / slo - 1}, "baseline")
+    study = optuna.create_study(directions=["maximize", "maximize"])
+
+    def next_seed() -> optuna.Trial:
+        assert screen.enqueue_best(study, stage, incumbent) == 1
+        assert screen.enqueue_best(study, stage, incumbent) == 0  # the queued one goes first
+        trial = study.ask()
+        search_space.suggest(trial, stage.specs)
+        assert trial.user_attrs[TrialAttr.SEEDED]
+        return trial
+
+    first = next_seed()
+    assert first.params["max_num_seqs"] == 8
+    first.set_user_attr(TrialAttr.ROLE, Role.SEARCH)
+    first.set_user_attr(TrialAttr.STATUS, TrialStatus.OK)
+    first.set_constraint("slo_p99_ttft", 0.3 * est[8] / slo - 1)
+    study.tell(first, [1.0, 1.0])
+    fitted = Scale.fit([(8, 0.3), (64, 1.0)])
+    meeting = [n for n in batches if n > 8 and est[n] * fitted(n) <= slo]
+    assert meeting and all(est[n] * known(n) > slo for n in meeting)
+    assert next_seed().params["max_num_seqs"] == max(meeting)
+    next_seed()  # the third of 4 trials: the estimator chooses all but the sampler's one
+    assert screen.enqueue_best(study, stage, incumbent) == 0 and seeds_for(stage) == 3
+
+
+def test_trials_side_by_side_start_from_seeds_chosen_at_once(tmp_path: Path) -> None:
+    """With four slots nothing is measured before the stage's trials start together, so the
+    estimator queues all its seeds (2 of a 3-trial stage) at the stage's start, in one line."""
+    from tests.unit.test_executor_parallel import VirtualExecutor, table_trial
+
+    config = _fp8_70b(tmp_path, "slo.p99_ttft_s=10", "slo.p99_tpot_s=1", "slo.p99_e2e_s=100",
+                      "quality.enabled=false", "study.repeats=0")  # fmt: skip
+    said: list[str] = []
+    evaluator = Evaluator(config, "H200")
+    runner = StudyRunner(config, evaluator, {"t": 1}, said.append, trial_fn=table_trial,
+                         executor=VirtualExecutor(slots=4))  # fmt: skip
+    runner.prescreen = Prescreen(config, evaluator, said.append, None, Planner(config))
+    runner.run()
+    seeded = [line for line in said if "from the estimator" in line]
+    assert len(seeded) == 1 and seeded[0].count("tensor_parallel_size") == 2, seeded
+    study = optuna.load_study(study_name=f"{config.name}:parallelism",
+                              storage=f"sqlite:///{runner.paths.storage_db}")  # fmt: skip
+    assert sum(bool(t.user_attrs.get(TrialAttr.SEEDED)) for t in study.trials) == 2

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from tuner.config import SloConfig
@@ -18,16 +19,53 @@ SHOWN_ROWS = 30  # the terminal shows the best rows; the CSV has every one
 SECONDS_PER_HOUR = 3600.0
 
 
+# How steep a fitted scale may be: steeper than this from two noisy windows is noise.
+MAX_SLOPE = 1.0
+# A P99 TTFT measured over AIConfigurator's estimated mean grows with the batch as about
+# batch**0.27: the median slope over the 64 groups of its shipped vLLM runs (system, model,
+# precision, TP, lengths) that the silicon replays do not search (B200, Qwen3, gpt-oss, ...;
+# quartiles 0.21-0.34; benchmarks.plan_fidelity). The estimate is a mean of a static batch;
+# a closed loop's first tokens queue behind each other's prefills, more often with more users.
+TTFT_SLOPE = 0.27
+
+
+@dataclass(frozen=True)
+class Scale:
+    """Measured P99 over estimated mean as a power of the batch: ``factor * (batch / at) **
+    slope``. Points measured at two batches or more say how the factor moves (a least-squares
+    line in log-log); at one batch, ``prior`` does."""
+
+    factor: float = 1.0
+    slope: float = 0.0
+    at: float = 1.0
+
+    def __call__(self, batch: float) -> float:
+        return self.factor * (max(batch, 1.0) / self.at) ** self.slope
+
+    @classmethod
+    def fit(cls, samples: Sequence[tuple[float, float]], prior: float = 0.0) -> Scale:
+        """The line through (log batch, log factor) of the measured points, its slope within
+        :data:`MAX_SLOPE` (a single batch: its mean factor and the ``prior`` slope)."""
+        if not samples:
+            return cls()
+        x = np.log([max(b, 1.0) for b, _ in samples])
+        y = np.log([f for _, f in samples])
+        slope = prior
+        if np.ptp(x) > 0:
+            slope = float(np.clip(np.polyfit(x, y, 1)[0], -MAX_SLOPE, MAX_SLOPE))
+        return cls(float(np.exp(y.mean())), slope, float(np.exp(x.mean())))
+
+
 @dataclass(frozen=True)
 class Anchor:
-    """Measured P99 over estimated mean at a point the study has measured, per latency. The
+    """Measured P99 over estimated mean at the points the study has measured, per latency. The
     estimator ranks well but its absolute TTFT is often a third off, and off the same way for
-    the neighbours a stage tries around its incumbent; scaled by the incumbent's factor, an
-    estimate reads as the P99 a window would measure. 1: no anchor."""
+    the neighbours a stage tries around its incumbent; scaled so, an estimate reads as the P99
+    a window would measure. The default scales by 1: no anchor."""
 
-    ttft: float = 1.0
-    tpot: float = 1.0
-    e2e: float = 1.0
+    ttft: Scale = Scale()
+    tpot: Scale = Scale()
+    e2e: Scale = Scale()
 
 
 @dataclass(frozen=True)
@@ -59,9 +97,10 @@ class PlannedPoint:
         e = self.estimate
         if not e.starts or math.isnan(e.ttft_ms):
             return math.inf
-        limits = ((slo.p99_ttft_s, e.ttft_ms * anchor.ttft),
-                  (slo.p99_tpot_s, e.tpot_ms * anchor.tpot),
-                  (slo.p99_e2e_s, e.e2e_ms * anchor.e2e))  # fmt: skip
+        batch = e.point.batch
+        limits = ((slo.p99_ttft_s, e.ttft_ms * anchor.ttft(batch)),
+                  (slo.p99_tpot_s, e.tpot_ms * anchor.tpot(batch)),
+                  (slo.p99_e2e_s, e.e2e_ms * anchor.e2e(batch)))  # fmt: skip
         return sum(max(0.0, value / 1000 / limit - 1) for limit, value in limits if limit > 0)
 
 

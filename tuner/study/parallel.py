@@ -29,7 +29,7 @@ from tuner.schema import Role, TrialAttr, TrialStatus
 from tuner.search import space as search_space
 from tuner.study.evaluation import Evaluated
 from tuner.study.flights import Flight, Flights, Want, record_lost
-from tuner.study.stages import Incumbent, Stage, launched_trials, measured_point
+from tuner.study.stages import Incumbent, Stage, launched_trials, measured_point, point_key
 
 
 class StageHost(Protocol):
@@ -51,7 +51,9 @@ class StageHost(Protocol):
 
     def _stage_exhausted(self, study: optuna.Study, stage: Stage) -> bool: ...
 
-    def _cover(self, study: optuna.Study, stage: Stage, launched: int) -> None: ...
+    def _cover(
+        self, study: optuna.Study, stage: Stage, launched: int, start: Incumbent
+    ) -> None: ...
 
     def _land(self, flight: Flight, result: TrialResult) -> Evaluated | None: ...
 
@@ -65,10 +67,6 @@ class _Proposal:
     trial: optuna.Trial
     point: dict[str, Any]
     params: dict[str, Any]
-
-
-def _key(point: dict[str, Any]) -> str:
-    return repr(sorted(point.items()))
 
 
 class ParallelStage:
@@ -108,7 +106,7 @@ class ParallelStage:
             proposal = self._ask()
             if proposal is None:
                 continue  # reused a measurement or refused before launch: ask again
-            if self.host.reuses and _key(proposal.point) in self._pending():
+            if self.host.reuses and point_key(proposal.point) in self._pending():
                 self.parked.append(proposal)
             else:
                 self.ready.append(proposal)
@@ -144,7 +142,7 @@ class ParallelStage:
         if self.host._stage_exhausted(self.study, self.stage):
             self.asking = False
             return False
-        self.host._cover(self.study, self.stage, launched)
+        self.host._cover(self.study, self.stage, launched, self.incumbent)
         return True
 
     def _ask(self) -> _Proposal | None:
@@ -171,7 +169,7 @@ class ParallelStage:
     def _pending(self) -> set[str]:
         """The points asked and not measured yet: in flight or waiting to start."""
         mine = [f for f in self.flights.active.values() if f.want.study is self.study]
-        return {_key(f.trial.params) for f in mine} | {_key(p.point) for p in self.ready}
+        return {point_key(f.trial.params) for f in mine} | {point_key(p.point) for p in self.ready}
 
     # -- landing ---------------------------------------------------------------------------
     def _landed(self, flight: Flight, result: TrialResult) -> None:
@@ -192,7 +190,7 @@ class ParallelStage:
             seen = measured_point(self.study, proposal.point)
             if seen is not None:
                 self.host._reuse(self.study, proposal.trial, seen, self.stage)
-            elif _key(proposal.point) in flying:
+            elif point_key(proposal.point) in flying:
                 continue
             else:
                 self.ready.append(proposal)

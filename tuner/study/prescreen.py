@@ -28,17 +28,18 @@ from tuner.errors import TunerError
 from tuner.launch import LaunchSpec
 from tuner.outcome import REASON_INVALID_CONFIG, REASON_SCREENED, TrialOutcome
 from tuner.plan.command import Planner
+from tuner.plan.estimate import PointEstimate
 from tuner.plan.space import modelled
-from tuner.plan.table import Anchor, PlannedPoint
+from tuner.plan.table import TTFT_SLOPE, Anchor, PlannedPoint, Scale
 from tuner.plan.validate import ConfigValidator, validates
-from tuner.schema import Role, TrialStatus
+from tuner.schema import Role, TrialAttr, TrialStatus
 from tuner.search import space as search_space
 from tuner.search.space import as_spec
 from tuner.study.evaluation import Evaluator
-from tuner.study.stages import Incumbent, Stage, search_trials
+from tuner.study.stages import Incumbent, Stage, launched_trials, measured_ok, point_key
 
 Progress = Callable[[str], None]
-MAX_ENQUEUED = 3  # of a stage's first trials, at most this many come from the estimator
+MAX_ENQUEUED = 3  # of a stage's trials, at most this many come from the estimator
 # A measured P99 this far from the estimated mean is no estimator bias (those are within ~2x
 # against AIConfigurator's shipped vLLM runs) but a measurement gone wrong: no anchor then.
 ANCHOR_RANGE = (0.2, 5.0)
@@ -164,40 +165,76 @@ class Prescreen:
         return REASON_SCREENED, f"estimated not to fit on {self.planner.system}: {estimate.note}"
 
     # -- a stage's first trials --------------------------------------------------------------
-    def anchor(self, incumbent: Incumbent) -> Anchor:
-        """The incumbent's measured P99s over its estimated means (1 where either is missing
-        or the ratio is beyond :data:`ANCHOR_RANGE`, a failed measurement rather than a bias)."""
+    def anchor(self, incumbent: Incumbent, study: optuna.Study | None = None) -> Anchor:
+        """Measured P99s over estimated means (:class:`Scale` per latency), fitted on the
+        incumbent's measurement and the launches of ``study`` (a stage around the incumbent).
+        A ratio beyond :data:`ANCHOR_RANGE` is a failed measurement rather than a bias and
+        anchors nothing; with no measurement left an estimate is taken as it is."""
         if self.planner is None:
             return Anchor()
-        e, slo = self.planner.estimate(incumbent.params), self.config.slo
+        seen = [(incumbent.params, incumbent.constraints)]
+        if study is not None:
+            trials = [t for t in launched_trials(study) if measured_ok(t)]
+            seen += [({**incumbent.params, **t.params}, t.constraints) for t in trials]
+        samples: dict[str, list[tuple[float, float]]] = {"ttft": [], "tpot": [], "e2e": []}
+        for params, constraints in seen:
+            e = self.planner.estimate(params)
+            for name, factor in self._factors(e, constraints).items():
+                samples[name].append((e.point.batch, factor))
+        return Anchor(
+            ttft=Scale.fit(samples["ttft"], TTFT_SLOPE),  # its slope is known before a launch
+            tpot=Scale.fit(samples["tpot"]),
+            e2e=Scale.fit(samples["e2e"]),
+        )
+
+    def _factors(self, e: PointEstimate, constraints: dict[str, float]) -> dict[str, float]:
+        slo = self.config.slo
         latencies = {"ttft": (slo.p99_ttft_s, e.ttft_ms), "tpot": (slo.p99_tpot_s, e.tpot_ms),
                      "e2e": (slo.p99_e2e_s, e.e2e_ms)}  # fmt: skip
         factors = {}
         for name, (limit, estimated_ms) in latencies.items():
-            overshoot = incumbent.constraints.get(f"slo_p99_{name}")
+            overshoot = constraints.get(f"slo_p99_{name}")
             if limit <= 0 or overshoot is None or not estimated_ms > 0:  # NaN is not > 0
                 continue
             factor = limit * (1 + overshoot) / (estimated_ms / 1000)  # measured P99 / estimate
             if ANCHOR_RANGE[0] <= factor <= ANCHOR_RANGE[1]:
                 factors[name] = factor
-        return Anchor(**factors)
+        return factors
 
-    def enqueue_best(self, study: optuna.Study, stage: Stage, incumbent: Incumbent) -> int:
-        """Queue the estimator's best points of a fresh stage as its first trials: those that
-        start, the ones whose estimates (anchored on the incumbent's measurement) meet the SLOs
-        first, then the nearest to meeting them, each by the selection objective."""
-        if self.planner is None or search_trials(study) or not modelled(stage.specs)[0]:
-            return 0  # no estimator, a stage already under way, or nothing it tells apart
+    def enqueue_best(
+        self, study: optuna.Study, stage: Stage, incumbent: Incumbent, at_once: int = 1
+    ) -> int:
+        """Queue the estimator's best points not measured yet as the stage's next trials, up
+        to ``at_once`` and :func:`seeds_for` the stage in all: those that start, the ones
+        whose estimates (anchored on what the study measured) meet the SLOs first, then the
+        nearest to meeting them, each by the selection objective. One at a time, each seed
+        is chosen knowing how the last one measured against its estimate."""
+        if self.planner is None or not modelled(stage.specs)[0]:
+            return 0  # no estimator, or nothing it tells apart
         if study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
-            return 0  # queued by an earlier run of this stage
+            return 0  # the queue's points go first
+        wanted = min(at_once, seeds_for(stage) - len(seeded_trials(study)))
+        if wanted <= 0:
+            return 0
         points, _, _ = self.planner.space(stage.specs, incumbent.params)
+        taken = {point_key(t.params) for t in study.get_trials(deepcopy=False) if t.params}
         rank = _rank(self.evaluator.select_by)
-        anchor = self.anchor(incumbent)
-        starts = [p for p in points if p.estimate.starts]
+        anchor = self.anchor(incumbent, study)
+        starts = [p for p in points if p.estimate.starts and point_key(p.params) not in taken]
         starts.sort(key=lambda p: (p.overshoot(self.config.slo, anchor), rank(p)))
-        best = [p.params for p in starts[: max(1, min(MAX_ENQUEUED, stage.trials // 3))]]
+        best = [p.params for p in starts[:wanted]]
         for point in best:
-            study.enqueue_trial(point, skip_if_exists=True)
+            study.enqueue_trial(point, user_attrs={TrialAttr.SEEDED: True}, skip_if_exists=True)
         if best:
-            self.say(f"stage {stage.name}: first trial(s) from the estimator: {best}")
+            self.say(f"stage {stage.name}: next trial(s) from the estimator: {best}")
         return len(best)
+
+
+def seeds_for(stage: Stage) -> int:
+    """How many of a stage's trials the estimator chooses: all but one (the sampler's), at
+    most :data:`MAX_ENQUEUED`, at least one."""
+    return max(1, min(MAX_ENQUEUED, stage.trials - 1))
+
+
+def seeded_trials(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
+    return [t for t in study.get_trials(deepcopy=False) if t.user_attrs.get(TrialAttr.SEEDED)]

@@ -319,14 +319,14 @@ class StudyRunner:
             self._done_stages.append(study)
             return self._apply(decision, incumbent, stage), decision
         self._seed_incumbent(study, stage, start)
-        if self.prescreen is not None:
-            self.prescreen.enqueue_best(study, stage, start)
+        if self.prescreen is not None:  # trials at once start from seeds chosen at once
+            self.prescreen.enqueue_best(study, stage, start, self.flights.executor.slots)
         if self.flights.parallel:  # several trials at once, or away from this process
             run_parallel_stage(self, study, stage, start)
         while not self.flights.parallel and (done := len(launched_trials(study))) < stage.trials:
             if self._stage_exhausted(study, stage):
                 break
-            self._cover(study, stage, done)
+            self._cover(study, stage, done, start)
             trial = study.ask()
             point = search_space.suggest(trial, stage.specs)
             params = {**start.params, **point}
@@ -359,8 +359,13 @@ class StudyRunner:
         self.say(found[1])
         return found[0]
 
-    def _cover(self, study: optuna.Study, stage: Stage, launched: int) -> None:
-        """The points left, queued once the stage's budget covers them (stages.queue_unmeasured)."""
+    def _cover(
+        self, study: optuna.Study, stage: Stage, launched: int, start: Incumbent
+    ) -> None:
+        """The estimator's next seed (study.prescreen), or the points left once the stage's
+        budget covers them (stages.queue_unmeasured)."""
+        if self.prescreen is not None:
+            self.prescreen.enqueue_best(study, stage, start)
         if left := queue_unmeasured(study, stage, launched):
             self.say(f"stage {stage.name}: its budget covers the {len(left)} point(s) not "
                      "measured yet; measuring each")  # fmt: skip
@@ -396,17 +401,10 @@ class StudyRunner:
             )
 
     def _say_best(self, study: optuna.Study, stage: Stage) -> None:
-        best = self._winner(study)
-        if best is not None:
-            idx = self.evaluator.select_index
-            self.say(
-                f"stage {stage.name}: best so far trial {best.number}: "
-                f"{self.evaluator.select_by} {best.values[idx]:.4g} {best.params}"
-            )
-
-    def _winner(self, study: optuna.Study) -> optuna.trial.FrozenTrial | None:
         idx, sign = self.evaluator.select_index, self.evaluator.select_sign
-        return stage_winner(search_trials(study), idx, sign)
+        if (best := stage_winner(search_trials(study), idx, sign)) is not None:
+            by = f"{self.evaluator.select_by} {best.values[idx]:.4g}"
+            self.say(f"stage {stage.name}: best so far trial {best.number}: {by} {best.params}")
 
     def _apply(self, decision: Decision, incumbent: Incumbent, stage: Stage) -> Incumbent:
         return after_decision(incumbent, decision, self.evaluator.select_index, stage.name)

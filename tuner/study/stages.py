@@ -147,20 +147,21 @@ def launched_trials(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
     ]
 
 
-def _point(params: dict[str, Any]) -> str:
+def point_key(params: dict[str, Any]) -> str:
+    """A point's identity among a stage's trials (its params, in any order)."""
     return repr(sorted(params.items()))
 
 
 def measured_point(study: optuna.Study, params: dict[str, Any]) -> optuna.trial.FrozenTrial | None:
     """A completed trial of this stage (the incumbent seed included) at exactly ``params``."""
-    wanted = _point(params)
+    wanted = point_key(params)
     done = study.get_trials(states=(TrialState.COMPLETE,))
-    return next((t for t in done if _point(t.params) == wanted), None)
+    return next((t for t in done if point_key(t.params) == wanted), None)
 
 
 def distinct_points(study: optuna.Study) -> int:
     """How many different points of the stage's space have a measurement."""
-    return len({_point(t.params) for t in study.get_trials(states=(TrialState.COMPLETE,))})
+    return len({point_key(t.params) for t in study.get_trials(states=(TrialState.COMPLETE,))})
 
 
 def queue_unmeasured(study: optuna.Study, stage: Stage, launched: int) -> list[dict[str, Any]]:
@@ -184,13 +185,14 @@ def unmeasured_points(study: optuna.Study, stage: Stage, limit: int) -> list[dic
     most ``limit`` of them; [] otherwise (or for a space with a continuous range)."""
     size = search_space.finite_size(stage.specs)
     states = (TrialState.COMPLETE, TrialState.RUNNING)
-    taken = {_point(t.params) for t in study.get_trials(deepcopy=False, states=states) if t.params}
+    trials = study.get_trials(deepcopy=False, states=states)
+    taken = {point_key(t.params) for t in trials if t.params}
     if size is None or size - len(taken) > limit:  # checked before enumerating a large space
         return []
     values = search_space.grid(stage.specs)
     combos = itertools.product(*values.values())
     points = (dict(zip(values, combo, strict=True)) for combo in combos)
-    return [p for p in points if _point(p) not in taken]
+    return [p for p in points if point_key(p) not in taken]
 
 
 def _config(params: dict[str, Any]) -> str:
@@ -264,7 +266,8 @@ def tell_reused(
     parameters twice). The stage's budget counts launches, so it explores as many points.
     """
     for key, value in seen.user_attrs.items():
-        trial.set_user_attr(key, value)
+        if key != TrialAttr.SEEDED:  # who proposed the measured trial, not this one
+            trial.set_user_attr(key, value)
     trial.set_user_attr(TrialAttr.ROLE, Role.SEARCH.value)
     trial.set_user_attr(TrialAttr.STAGE, stage)
     trial.set_user_attr(TrialAttr.REUSED_FROM, seen.number)
