@@ -5,9 +5,10 @@
   Optuna as an infeasible trial, reason ``invalid_config`` with vLLM's message, and never
   launched: milliseconds instead of a server start that ends in the same error.
 - With ``study.prescreen=true``: the GPU estimator (:mod:`tuner.plan`) says whether the candidate
-  fits its GPUs; one that cannot start is told as infeasible too (``screened``), and each stage
-  begins with the estimator's best points (enqueued). Launched trials keep their estimate in
-  their user attrs, beside the measurement that decides.
+  fits its GPUs; one that cannot start is told as infeasible too (``screened``), and the
+  estimator's best points are queued as most of each stage's trials (:meth:`enqueue_best`),
+  one at a time, each scaled by what the study measured so far. Launched trials keep their
+  estimate in their user attrs, beside the measurement that decides.
 
 Neither counts as a launch: the stage's budget counts launched trials
 (:func:`tuner.study.stages.launched_trials`), the failure budget counts failed launches.
@@ -164,7 +165,7 @@ class Prescreen:
             return None
         return REASON_SCREENED, f"estimated not to fit on {self.planner.system}: {estimate.note}"
 
-    # -- a stage's first trials --------------------------------------------------------------
+    # -- a stage's seeds ---------------------------------------------------------------------
     def anchor(self, incumbent: Incumbent, study: optuna.Study | None = None) -> Anchor:
         """Measured P99s over estimated means (:class:`Scale` per latency), fitted on the
         incumbent's measurement and the launches of ``study`` (a stage around the incumbent).
