@@ -210,7 +210,8 @@ class Prescreen:
         whose estimates (anchored on what the study measured) meet the SLOs first, then the
         nearest to meeting them, each by the selection objective. One at a time, each seed
         is chosen knowing how the last one measured against its estimate."""
-        if self.planner is None or not modelled(stage.specs)[0]:
+        kept = modelled(stage.specs)[0]
+        if self.planner is None or not kept:
             return 0  # no estimator, or nothing it tells apart
         if study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
             return 0  # the queue's points go first
@@ -218,7 +219,8 @@ class Prescreen:
         if wanted <= 0:
             return 0
         points, _, _ = self.planner.space(stage.specs, incumbent.params)
-        taken = {point_key(t.params) for t in study.get_trials(deepcopy=False) if t.params}
+        trials = study.get_trials(deepcopy=False)  # a point is its modelled params here
+        taken = {point_key({p: t.params[p] for p in kept if p in t.params}) for t in trials}
         rank = _rank(self.evaluator.select_by)
         anchor = self.anchor(incumbent, study)
         starts = [p for p in points if p.estimate.starts and point_key(p.params) not in taken]
