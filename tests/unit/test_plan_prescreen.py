@@ -293,3 +293,25 @@ def test_trials_side_by_side_start_from_seeds_chosen_at_once(tmp_path: Path) -> 
     study = optuna.load_study(study_name=f"{config.name}:parallelism",
                               storage=f"sqlite:///{runner.paths.storage_db}")  # fmt: skip
     assert sum(bool(t.user_attrs.get(TrialAttr.SEEDED)) for t in study.trials) == 2
+
+
+def test_a_point_measured_under_another_unmodelled_flag_is_not_seeded_again(
+    tmp_path: Path,
+) -> None:
+    """The estimator cannot tell chunked prefill on from off: a batch measured with either is
+    measured, and the next seed is another batch."""
+    config = _batching_70b(tmp_path, 1.0)
+    specs = {**config.search_space["batching"], "enable_chunked_prefill": ParamSpec(type="bool")}
+    config.search_space = {"batching": specs}
+    screen = Prescreen(config, Evaluator(config, "H200"), lambda _: None, None, Planner(config))
+    stage = Stage("batching", specs, 4)
+    incumbent = Incumbent({}, [1.0], {}, "baseline")
+    study = optuna.create_study(directions=["maximize", "maximize"])
+    assert screen.enqueue_best(study, stage, incumbent) == 1
+    first = study.ask()
+    point = search_space.suggest(first, stage.specs)
+    study.tell(first, [1.0, 1.0])
+    assert screen.enqueue_best(study, stage, incumbent) == 1
+    assert len(study.get_trials(states=(optuna.trial.TrialState.WAITING,))) == 1
+    again = search_space.suggest(study.ask(), stage.specs)
+    assert again["max_num_seqs"] != point["max_num_seqs"]
