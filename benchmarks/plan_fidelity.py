@@ -199,10 +199,8 @@ def ttft_slopes(d: pd.DataFrame) -> pd.DataFrame:
             continue
         x, y = np.log(g["batch_size"]), np.log(g["silicon_ttft_ms"] / g["est_ttft_ms"])
         row = dict(zip(keys, key, strict=True))
-        in_table = any(
-            t.system == row["system"] and t.model in str(row["model_path"])
-            and (t.isl, t.osl) == (row["isl"], row["osl"]) for t in TABLES.values()
-        )  # fmt: skip
+        run = (str(row["system"]), str(row["model_path"]), int(row["isl"]), int(row["osl"]))
+        in_table = any(t.holds(*run) for t in TABLES.values())
         rows.append({**row, "runs": len(g), "slope": float(np.polyfit(x, y, 1)[0]),
                      "in_table": in_table})  # fmt: skip
     return pd.DataFrame(rows)

@@ -38,6 +38,11 @@ class SiliconTable:
     estimator_model: str = ""
     quantization: str | None = None
 
+    def holds(self, system: str, model_path: str, isl: int, osl: int) -> bool:
+        """Whether a run of ``model_path`` on ``system`` at these lengths is one of this table's."""
+        return system == self.system and self.model in model_path and (isl, osl) == (
+            self.isl, self.osl)  # fmt: skip
+
 
 L70 = "Llama-3.1-70B"  # the measured model paths contain this
 LLAMA70B, GPTOSS = "meta-llama/Meta-Llama-3.1-70B", "openai/gpt-oss-120b"
@@ -64,9 +69,8 @@ def rows_of(table: SiliconTable, path: Path | None = None) -> list[dict[str, str
     with (path or sample_csv()).open(newline="", encoding="utf-8") as f:
         return [
             r for r in csv.DictReader(f)
-            if r["backend"] == "vllm" and r["mode"] == "agg" and table.model in r["model_path"]
-            and r["system"] == table.system
-            and int(r["isl"]) == table.isl and int(r["osl"]) == table.osl
+            if r["backend"] == "vllm" and r["mode"] == "agg"
+            and table.holds(r["system"], r["model_path"], int(r["isl"]), int(r["osl"]))
         ]  # fmt: skip
 
 

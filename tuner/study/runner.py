@@ -319,8 +319,6 @@ class StudyRunner:
             self._done_stages.append(study)
             return self._apply(decision, incumbent, stage), decision
         self._seed_incumbent(study, stage, start)
-        if self.prescreen is not None:  # trials at once start from seeds chosen at once
-            self.prescreen.enqueue_best(study, stage, start, self.flights.executor.slots)
         if self.flights.parallel:  # several trials at once, or away from this process
             run_parallel_stage(self, study, stage, start)
         while not self.flights.parallel and (done := len(launched_trials(study))) < stage.trials:
@@ -362,10 +360,11 @@ class StudyRunner:
     def _cover(
         self, study: optuna.Study, stage: Stage, launched: int, start: Incumbent
     ) -> None:
-        """The estimator's next seed (study.prescreen), or the points left once the stage's
-        budget covers them (stages.queue_unmeasured)."""
+        """The estimator's next seeds (study.prescreen; as many as trials run at once, which
+        start knowing the same), or the points left once the stage's budget covers them
+        (stages.queue_unmeasured)."""
         if self.prescreen is not None:
-            self.prescreen.enqueue_best(study, stage, start)
+            self.prescreen.enqueue_best(study, stage, start, self.flights.executor.slots)
         if left := queue_unmeasured(study, stage, launched):
             self.say(f"stage {stage.name}: its budget covers the {len(left)} point(s) not "
                      "measured yet; measuring each")  # fmt: skip
