@@ -38,6 +38,7 @@ class Scale:
     factor: float = 1.0
     slope: float = 0.0
     at: float = 1.0
+    measured: int = 0  # how many measured points it was fitted on (0: none, a factor of 1)
 
     def __call__(self, batch: float) -> float:
         return self.factor * (max(batch, 1.0) / self.at) ** self.slope
@@ -53,7 +54,7 @@ class Scale:
         slope = prior
         if np.ptp(x) > 0:
             slope = float(np.clip(np.polyfit(x, y, 1)[0], -MAX_SLOPE, MAX_SLOPE))
-        return cls(float(np.exp(y.mean())), slope, float(np.exp(x.mean())))
+        return cls(float(np.exp(y.mean())), slope, float(np.exp(x.mean())), len(samples))
 
 
 @dataclass(frozen=True)
@@ -66,6 +67,13 @@ class Anchor:
     ttft: Scale = Scale()
     tpot: Scale = Scale()
     e2e: Scale = Scale()
+
+    def covers(self, slo: SloConfig) -> bool:
+        """Every latency with an SLO is scaled by a measurement. An estimated mean TTFT is
+        often half a measured P99: unanchored, it says points meet an SLO that none does."""
+        pairs = ((slo.p99_ttft_s, self.ttft), (slo.p99_tpot_s, self.tpot),
+                 (slo.p99_e2e_s, self.e2e))  # fmt: skip
+        return all(scale.measured > 0 for limit, scale in pairs if limit > 0)
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,9 @@ the incumbent itself (confirmed against it, interleaved, as every winner is). Th
 search around the lead until one accepts such a winner, for at most :data:`LEAD_STAGES` stages
 (the group that fixes the SLO may come two stages later: memory before batching); then the
 stages go back to the incumbent, and a study that ends with the lead unresolved hands over the
-incumbent. No new lead is taken while one is followed, nor from the last stage.
+incumbent. No new lead is taken while one is followed, nor from the last stage. With
+study.prescreen, the estimator may name a lead that no window shows
+(:meth:`tuner.study.prescreen.Prescreen.lead_ahead`); it is followed the same way.
 """
 
 from __future__ import annotations

@@ -7,8 +7,10 @@
 - With ``study.prescreen=true``: the GPU estimator (:mod:`tuner.plan`) says whether the candidate
   fits its GPUs; one that cannot start is told as infeasible too (``screened``), and the
   estimator's best points are queued as most of each stage's trials (:meth:`enqueue_best`),
-  one at a time, each scaled by what the study measured so far. Launched trials keep their
-  estimate in their user attrs, beside the measurement that decides.
+  one at a time, each scaled by what the study measured so far. After a stage, a trial whose
+  best point over the next stage's params the estimator puts ahead of the incumbent's leads
+  that stage (:meth:`lead_ahead`). Launched trials keep their estimate in their user attrs,
+  beside the measurement that decides.
 
 Neither counts as a launch: the stage's budget counts launched trials
 (:func:`tuner.study.stages.launched_trials`), the failure budget counts failed launches.
@@ -37,7 +39,15 @@ from tuner.schema import Role, TrialAttr, TrialStatus
 from tuner.search import space as search_space
 from tuner.search.space import as_spec
 from tuner.study.evaluation import Evaluator
-from tuner.study.stages import Incumbent, Stage, launched_trials, measured_ok, point_key
+from tuner.study.lead import lead_incumbent
+from tuner.study.stages import (
+    Incumbent,
+    Stage,
+    launched_trials,
+    measured_ok,
+    point_key,
+    search_trials,
+)
 
 Progress = Callable[[str], None]
 MAX_ENQUEUED = 3  # of a stage's trials, at most this many come from the estimator
@@ -203,13 +213,15 @@ class Prescreen:
         return factors
 
     def enqueue_best(
-        self, study: optuna.Study, stage: Stage, incumbent: Incumbent, at_once: int = 1
-    ) -> int:
+        self, study: optuna.Study, stage: Stage, incumbent: Incumbent, at_once: int = 1,
+        following: Stage | None = None,
+    ) -> int:  # fmt: skip
         """Queue the estimator's best points not measured yet as the stage's next trials, up
         to ``at_once`` and :func:`seeds_for` the stage in all: those that start, the ones
         whose estimates (anchored on what the study measured) meet the SLOs first, then the
-        nearest to meeting them, each by the selection objective. One at a time, each seed
-        is chosen knowing how the last one measured against its estimate."""
+        nearest to meeting them, each by the selection objective. With a ``following`` stage,
+        a point is judged by its best point there first (:meth:`lead_ahead` says why). One at
+        a time, each seed is chosen knowing how the last one measured against its estimate."""
         kept = modelled(stage.specs)[0]
         if self.planner is None or not kept:
             return 0  # no estimator, or nothing it tells apart
@@ -224,13 +236,86 @@ class Prescreen:
         rank = _rank(self.evaluator.select_by)
         anchor = self.anchor(incumbent, study)
         starts = [p for p in points if p.estimate.starts and point_key(p.params) not in taken]
-        starts.sort(key=lambda p: (p.overshoot(self.config.slo, anchor), rank(p)))
-        best = [p.params for p in starts[:wanted]]
+
+        ahead = following is not None and self._ahead(following, anchor)
+
+        def order(p: PlannedPoint) -> tuple[float, ...]:
+            after = None
+            if following is not None and ahead:
+                after = self._best_after(following, {**incumbent.params, **p.params}, anchor)
+            if after is not None:  # meets the SLOs after the next stage: by how well there
+                return (0.0, rank(after))
+            return (1.0, p.overshoot(self.config.slo, anchor), rank(p))
+
+        best = [p.params for p in sorted(starts, key=order)[:wanted]]
         for point in best:
             study.enqueue_trial(point, user_attrs={TrialAttr.SEEDED: True}, skip_if_exists=True)
         if best:
             self.say(f"stage {stage.name}: next trial(s) from the estimator: {best}")
         return len(best)
+
+
+    def lead_ahead(
+        self, study: optuna.Study, stage: Stage, following: Stage, incumbent: Incumbent,
+        min_gain: float,
+    ) -> tuple[Incumbent, str] | None:  # fmt: skip
+        """A lead for the ``following`` stage that no window shows: the trial of ``stage``
+        whose best point over the following stage's params, estimated and anchored on what the
+        stage measured, meets the SLOs and beats the incumbent's best point there by more than
+        ``min_gain`` (with the line that says so), or None.
+
+        A stage measures its group at the incumbent's other params: a smaller TP that misses
+        the SLOs at the incumbent's batch, and by more than a larger one, can meet them at a
+        smaller batch and serve more tokens per GPU there. Staged search keeps the larger TP
+        and the next stage never sees the pair; the estimator ranks such completions well
+        (:mod:`tuner.plan.fidelity`)."""
+        anchor = self.anchor(incumbent, study)
+        if not self._ahead(following, anchor):
+            return None
+        rank = _rank(self.evaluator.select_by)
+        mine = self._best_after(following, incumbent.params, anchor)
+        own = {p: incumbent.params.get(p) for p in stage.specs}
+        ahead = []
+        for trial in search_trials(study):
+            if not measured_ok(trial) or {p: trial.params.get(p) for p in own} == own:
+                continue
+            best = self._best_after(following, {**incumbent.params, **trial.params}, anchor)
+            if best is not None:
+                ahead.append((rank(best), trial, best))
+        if not ahead:
+            return None
+        score, trial, best = min(ahead, key=lambda a: a[0])
+        gain = 1.0 if mine is None else (rank(mine) - score) / max(abs(rank(mine)), 1e-12)
+        if gain <= min_gain:
+            return None
+        select = self.evaluator.select_index
+        lead = lead_incumbent(trial, incumbent, stage.name, select, trial.constraints)
+        than = "none of the incumbent's" if mine is None else f"{gain:+.1%} over the incumbent's"
+        line = (
+            f"stage {stage.name}: trial {trial.number} {trial.params} leads stage "
+            f"{following.name}: the estimator's best point there, {best.params}, meets the "
+            f"SLOs ({than}); the incumbent stays unless a feasible winner beats it"
+        )
+        return lead, line
+
+    def _ahead(self, following: Stage, anchor: Anchor) -> bool:
+        """Whether a point can be judged by the following stage's: the estimator models that
+        stage's params, and a measurement anchors each latency the SLOs bound."""
+        return (
+            self.planner is not None
+            and bool(modelled(following.specs)[0])
+            and anchor.covers(self.config.slo)
+        )
+
+    def _best_after(
+        self, following: Stage, params: dict[str, Any], anchor: Anchor
+    ) -> PlannedPoint | None:
+        """The following stage's point around ``params`` that the anchored estimates say meets
+        the SLOs and ranks first by the selection objective; None if no point does."""
+        assert self.planner is not None
+        points, _, _ = self.planner.space(following.specs, params)
+        meets = [p for p in points if p.overshoot(self.config.slo, anchor) == 0]
+        return min(meets, key=_rank(self.evaluator.select_by), default=None)
 
 
 def seeds_for(stage: Stage) -> int:

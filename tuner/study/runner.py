@@ -346,12 +346,17 @@ class StudyRunner:
         return self._apply(decision, incumbent, stage), decision
 
     def _lead(self, stage: Stage, incumbent: Incumbent, decision: Decision) -> Incumbent | None:
-        """A near miss of ``stage`` that beats the incumbent after it, for the next stages."""
-        if stage is self.stages[-1]:
+        """A near miss of ``stage`` that beats the incumbent after it, for the next stages;
+        else (study.prescreen) a trial the estimator puts ahead after the next stage."""
+        following = self._following(stage)
+        if following is None:
             return None
         select = (self.evaluator.select_index, self.evaluator.select_sign)
-        found = next_lead(search_trials(self._done_stages[-1]), incumbent, decision, select,
-                          self.config.study.min_gain, self.confirmation.pooled())  # fmt: skip
+        study, gain = self._done_stages[-1], self.config.study.min_gain
+        found = next_lead(search_trials(study), incumbent, decision, select, gain,
+                          self.confirmation.pooled())  # fmt: skip
+        if found is None and self.prescreen is not None:
+            found = self.prescreen.lead_ahead(study, stage, following, incumbent, gain)
         if found is None:
             return None
         self.say(found[1])
@@ -364,10 +369,16 @@ class StudyRunner:
         start knowing the same), or the points left once the stage's budget covers them
         (stages.queue_unmeasured)."""
         if self.prescreen is not None:
-            self.prescreen.enqueue_best(study, stage, start, self.flights.executor.slots)
+            following = self._following(stage)
+            self.prescreen.enqueue_best(study, stage, start, self.flights.executor.slots,
+                                        following)  # fmt: skip
         if left := queue_unmeasured(study, stage, launched):
             self.say(f"stage {stage.name}: its budget covers the {len(left)} point(s) not "
                      "measured yet; measuring each")  # fmt: skip
+
+    def _following(self, stage: Stage) -> Stage | None:
+        at = self.stages.index(stage)
+        return self.stages[at + 1] if at + 1 < len(self.stages) else None
 
     def _stage_exhausted(self, study: optuna.Study, stage: Stage) -> bool:
         why = exhausted(study, stage, MAX_PROPOSALS_PER_TRIAL) if self.config.study.reuse else ""
