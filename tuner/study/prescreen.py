@@ -51,6 +51,11 @@ from tuner.study.stages import (
 
 Progress = Callable[[str], None]
 MAX_ENQUEUED = 3  # of a stage's trials, at most this many come from the estimator
+# How far over an SLO an anchored estimate may read and still count as meeting it when a stage
+# looks ahead. A study's best point often sits on an SLO (that is what makes it the best), and
+# an anchor carried from 64 sequences to 32 is off by about this much: judged strictly, the
+# incumbent's best batch reads as a miss and a worse TP leads (the 70B H100 table).
+LOOKAHEAD_TOLERANCE = 0.1
 # A measured P99 this far from the estimated mean is no estimator bias (those are within ~2x
 # against AIConfigurator's shipped vLLM runs) but a measurement gone wrong: no anchor then.
 ANCHOR_RANGE = (0.2, 5.0)
@@ -213,15 +218,13 @@ class Prescreen:
         return factors
 
     def enqueue_best(
-        self, study: optuna.Study, stage: Stage, incumbent: Incumbent, at_once: int = 1,
-        following: Stage | None = None,
-    ) -> int:  # fmt: skip
+        self, study: optuna.Study, stage: Stage, incumbent: Incumbent, at_once: int = 1
+    ) -> int:
         """Queue the estimator's best points not measured yet as the stage's next trials, up
         to ``at_once`` and :func:`seeds_for` the stage in all: those that start, the ones
         whose estimates (anchored on what the study measured) meet the SLOs first, then the
-        nearest to meeting them, each by the selection objective. With a ``following`` stage,
-        a point is judged by its best point there first (:meth:`lead_ahead` says why). One at
-        a time, each seed is chosen knowing how the last one measured against its estimate."""
+        nearest to meeting them, each by the selection objective. One at a time, each seed
+        is chosen knowing how the last one measured against its estimate."""
         kept = modelled(stage.specs)[0]
         if self.planner is None or not kept:
             return 0  # no estimator, or nothing it tells apart
@@ -237,23 +240,13 @@ class Prescreen:
         anchor = self.anchor(incumbent, study)
         starts = [p for p in points if p.estimate.starts and point_key(p.params) not in taken]
 
-        ahead = following is not None and self._ahead(following, anchor)
-
-        def order(p: PlannedPoint) -> tuple[float, ...]:
-            after = None
-            if following is not None and ahead:
-                after = self._best_after(following, {**incumbent.params, **p.params}, anchor)
-            if after is not None:  # meets the SLOs after the next stage: by how well there
-                return (0.0, rank(after))
-            return (1.0, p.overshoot(self.config.slo, anchor), rank(p))
-
-        best = [p.params for p in sorted(starts, key=order)[:wanted]]
+        starts.sort(key=lambda p: (p.overshoot(self.config.slo, anchor), rank(p)))
+        best = [p.params for p in starts[:wanted]]
         for point in best:
             study.enqueue_trial(point, user_attrs={TrialAttr.SEEDED: True}, skip_if_exists=True)
         if best:
             self.say(f"stage {stage.name}: next trial(s) from the estimator: {best}")
         return len(best)
-
 
     def lead_ahead(
         self, study: optuna.Study, stage: Stage, following: Stage, incumbent: Incumbent,
@@ -261,8 +254,9 @@ class Prescreen:
     ) -> tuple[Incumbent, str] | None:  # fmt: skip
         """A lead for the ``following`` stage that no window shows: the trial of ``stage``
         whose best point over the following stage's params, estimated and anchored on what the
-        stage measured, meets the SLOs and beats the incumbent's best point there by more than
-        ``min_gain`` (with the line that says so), or None.
+        stage measured, beats the incumbent's best point there by more than ``min_gain`` (with
+        the line that says so), or None. A best point is the one that ranks first of those
+        within :data:`LOOKAHEAD_TOLERANCE` of the SLOs.
 
         A stage measures its group at the incumbent's other params: a smaller TP that misses
         the SLOs at the incumbent's batch, and by more than a larger one, can meet them at a
@@ -290,11 +284,11 @@ class Prescreen:
             return None
         select = self.evaluator.select_index
         lead = lead_incumbent(trial, incumbent, stage.name, select, trial.constraints)
-        than = "none of the incumbent's" if mine is None else f"{gain:+.1%} over the incumbent's"
+        than = "the incumbent has none" if mine is None else f"{gain:+.1%} over the incumbent's"
         line = (
             f"stage {stage.name}: trial {trial.number} {trial.params} leads stage "
-            f"{following.name}: the estimator's best point there, {best.params}, meets the "
-            f"SLOs ({than}); the incumbent stays unless a feasible winner beats it"
+            f"{following.name}: the estimator's best point there is {best.params} ({than}); "
+            "the incumbent stays unless a feasible winner beats it"
         )
         return lead, line
 
@@ -310,11 +304,13 @@ class Prescreen:
     def _best_after(
         self, following: Stage, params: dict[str, Any], anchor: Anchor
     ) -> PlannedPoint | None:
-        """The following stage's point around ``params`` that the anchored estimates say meets
-        the SLOs and ranks first by the selection objective; None if no point does."""
+        """The following stage's point around ``params`` that ranks first by the selection
+        objective of those whose anchored estimates are within :data:`LOOKAHEAD_TOLERANCE` of
+        the SLOs; None if no point is."""
         assert self.planner is not None
         points, _, _ = self.planner.space(following.specs, params)
-        meets = [p for p in points if p.overshoot(self.config.slo, anchor) == 0]
+        slo, within = self.config.slo, LOOKAHEAD_TOLERANCE
+        meets = [p for p in points if p.overshoot(slo, anchor) <= within]
         return min(meets, key=_rank(self.evaluator.select_by), default=None)
 
 
