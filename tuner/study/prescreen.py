@@ -239,7 +239,6 @@ class Prescreen:
         rank = _rank(self.evaluator.select_by)
         anchor = self.anchor(incumbent, study)
         starts = [p for p in points if p.estimate.starts and point_key(p.params) not in taken]
-
         starts.sort(key=lambda p: (p.overshoot(self.config.slo, anchor), rank(p)))
         best = [p.params for p in starts[:wanted]]
         for point in best:
