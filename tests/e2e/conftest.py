@@ -14,7 +14,7 @@ from pathlib import Path
 import optuna
 import pytest
 
-from tests.conftest import ROOT, leftover_processes
+from tests.conftest import ONE_ENGINE_PROCESS, ROOT, leftover_processes
 
 PG_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 # A small but complete study: baseline + one stage of 2 trials (+ confirmation if a winner).
@@ -32,6 +32,7 @@ SMALL = [
     # it is seeded as trial 0; every proposal is launched (the tests count launches).
     "server.args.max_num_seqs=64",
     "study.reuse=false",
+    ONE_ENGINE_PROCESS,
 ]
 
 

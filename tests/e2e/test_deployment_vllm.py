@@ -43,9 +43,10 @@ from tuner.server.command import StartCommand, parse_command
 pytestmark = pytest.mark.e2e
 KEY, KEY_ENV = "sk-e2e-deployment-5566", "TUNER_E2E_DEPLOYMENT_KEY"
 OBJECTIVES = ("p99_e2e_latency", "output_throughput", "cost_per_million_tokens")
+# (V1 multiprocessing off: one process less to start, tests/conftest.py ONE_ENGINE_PROCESS.)
 DEPLOYED = (
-    "VLLM_CPU_KVCACHE_SPACE=1 vllm serve {model} --max-model-len 2048 --enforce-eager "
-    "--distributed-executor-backend uni --max-num-seqs 16"
+    "VLLM_CPU_KVCACHE_SPACE=1 VLLM_ENABLE_V1_MULTIPROCESSING=0 vllm serve {model} "
+    "--max-model-len 2048 --enforce-eager --distributed-executor-backend uni --max-num-seqs 16"
 )
 # One stage whose only point is the deployed max_num_seqs: the seeded incumbent covers it, so
 # the stage ends without a launch and the study is its baseline windows (3: the noise is known).
@@ -148,7 +149,7 @@ def test_check_and_compare_against_real_deployments(
     start = _exported_command(exported)
     # The export reproduces the command the study started from (nothing was changed).
     assert start.args == parse_command(sys.executable, DEPLOYED.format(model=TINY_MODEL)).args
-    assert start.env == {"VLLM_CPU_KVCACHE_SPACE": "1"}
+    assert start.env == {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
     first, second, rest = cpus
     with deployment(start, first, tmp_path / "a") as a:
         assert _check(a, exported, tmp_path / "check-same", client=second) == 0

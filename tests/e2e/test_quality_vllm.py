@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import ONE_ENGINE_PROCESS
 from tuner.composition import compose
 from tuner.config import SloConfig, TunerConfig
 from tuner.loadgen.base import Target
@@ -62,7 +63,7 @@ def _violation(quality: QualityResult) -> float:
 def test_float32_changes_bf16_outputs_and_the_gate_sees_it(
     tmp_path: Path, tiny_model: Path, no_leftovers: None
 ) -> None:
-    config = compose([f"studies_dir={tmp_path}", "name=e2e"])
+    config = compose([f"studies_dir={tmp_path}", "name=e2e", ONE_ENGINE_PROCESS])
     assert config.server.args.get("max_model_len") == 2048
     reference, rerun = _serve_and_ask(config, LaunchSpec(), tmp_path / "default", runs=2)
     (changed_out,) = _serve_and_ask(

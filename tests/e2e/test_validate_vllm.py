@@ -10,7 +10,7 @@ from pathlib import Path
 import optuna
 import pytest
 
-from tests.conftest import ROOT, leftover_processes
+from tests.conftest import ONE_ENGINE_PROCESS, ROOT, leftover_processes
 from tests.e2e.conftest import start_tuner
 
 pytestmark = pytest.mark.e2e
@@ -33,6 +33,7 @@ def test_a_candidate_vllm_refuses_costs_no_launch(tmp_path: Path, tiny_model: Pa
             "search_space=[too_small]", "study.stages=[batching]", "study.trials_per_stage=1",
             "study.repeats=0", "study.baseline_measurements=1", "quality.enabled=false",
             "workload.warmup_s=2", "workload.window_s=4", "workload.concurrency=4",
+            ONE_ENGINE_PROCESS,
         ]
     )  # fmt: skip
     out, _ = proc.communicate(timeout=600)

@@ -227,6 +227,8 @@ def test_pg_restart_sigterm_second_run_fp8_sigkill_then_resume_completes_the_bud
         "study.trials_per_stage=2",
         "study.repeats=0",
         "quality.enabled=false",
+        # vLLM's own three processes (server, engine core, worker): the faults must end them all.
+        "+server.env.VLLM_ENABLE_V1_MULTIPROCESSING=1",
         *fault_launcher(tmp_path, [], "vllm"),
     )
     first = _first_run(args, tmp_path, name, watch)
