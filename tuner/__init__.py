@@ -55,6 +55,7 @@ _OWNERS: dict[str, str] = {
     "has_traffic": "tuner.scoring.objective",
     "stat_or_nan": "tuner.scoring.objective",
     "relative_violation": "tuner.scoring.objective",
+    "meets": "tuner.scoring.feasibility",
     # one trial and what it runs
     "run_trial": "tuner.trial",
     "TrialOutcome": "tuner.outcome",
@@ -153,6 +154,7 @@ __all__ = [
     "histogram_means",
     "make_backend",
     "measure",
+    "meets",
     "over_server",
     "pin",
     "ratio_of",
@@ -203,6 +205,7 @@ if TYPE_CHECKING:  # the same names, eagerly, for type checkers and IDEs
     from tuner.plan.fidelity import Agreement, estimate_vs_measured
     from tuner.records import RequestRecord, read_records
     from tuner.schema import Role, StudyAttr, TrialAttr, TrialStatus
+    from tuner.scoring.feasibility import meets
     from tuner.scoring.objective import (
         MAXIMIZE,
         MINIMIZE,

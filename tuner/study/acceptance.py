@@ -92,6 +92,9 @@ class Decision:
     candidate_constraints: dict[str, float] = field(default_factory=dict)
     # the incumbent's constraints on the mean of its repeats (empty when it was not re-measured)
     incumbent_constraints: dict[str, float] = field(default_factory=dict)
+    # the windows those two means are taken over, one constraint set per measurement
+    candidate_constraint_windows: list[dict[str, float]] = field(default_factory=list)
+    incumbent_constraint_windows: list[dict[str, float]] = field(default_factory=list)
     # a winner whose repeats missed the SLOs, passed over for the next trial that met them: its
     # trial and its constraints on the mean of its repeats (a lead for the next stages)
     passed_over_trial: int | None = None

@@ -133,13 +133,14 @@ class Confirmation:
         if against is None:
             self.noise.add(incumbent.params, inc.values)
         self.noise.add(cand_params, cand.values)
-        inc_c, cand_c = mean_constraints(inc.constraints), mean_constraints(cand.constraints)
+        judged = cand.constraints
         fresh = cand.constraints[1:] if self.config.study.keeps_search_window else []
         if base is not None and fresh:
             # Around a lead (a point known to miss the SLOs), the window picked is the one that
             # read under them: judged with it, a point just over an SLO passes more often than
             # its repeats say. Its fresh repeats alone decide.
-            cand_c = mean_constraints(fresh)
+            judged = fresh
+        inc_c, cand_c = mean_constraints(inc.constraints), mean_constraints(judged)
         comparison = Comparison(
             stage.name, obj, self.evaluator.directions[idx], inc.values, cand.values,
             meets(cand_c), min_gain, meets(inc_c), self.pooled(), violation(inc_c),
@@ -152,6 +153,8 @@ class Confirmation:
             candidate_objectives=list(winner.values),
             candidate_constraints=cand_c,
             incumbent_constraints=inc_c,
+            candidate_constraint_windows=[dict(c) for c in judged],
+            incumbent_constraint_windows=[dict(c) for c in inc.constraints],
         )
         return decision, inc
 

@@ -31,7 +31,7 @@ from tuner.study.evaluation import Evaluator
 from tuner.study.fingerprint import fingerprint, hardware, public_env
 from tuner.study.prescreen import Prescreen
 from tuner.study.runner import Progress, StudyRunner
-from tuner.study.stages import Incumbent, StudyResult, spec_text
+from tuner.study.stages import StudyResult, spec_text
 from tuner.study.storage import check_url
 from tuner.telemetry import gpu_inventory
 from tuner.trial import run_trial
@@ -159,7 +159,7 @@ def outcome_lines(name: str, names: list[str], select_index: int, result: StudyR
             b, f = base.values[i], final.values[i]
             change = (f - b) / abs(b) if b != 0.0 else float("nan")
             lines.append(f"  {objective:<28} {b:>12.4g} -> {f:>12.4g}  ({change:+.1%})")
-        return lines + _misses(final)
+        return lines + _misses(result)
     lines = [f"study {name}: the baseline stays: no stage proved a gain beyond the noise"]
     lines += [f"  {o:<28} {v:>12.4g}" for o, v in zip(names, final.values, strict=True)]
     windows = final.samples or [final.values[select_index]]
@@ -169,15 +169,19 @@ def outcome_lines(name: str, names: list[str], select_index: int, result: StudyR
             f"  {names[select_index]} over its {len(windows)} windows: {lo:.4g}-{hi:.4g} "
             f"({(hi - lo) / abs(lo):.0%} apart; one configuration: that is the noise)"
         )
-    return lines + _misses(final)
+    return lines + _misses(result)
 
 
-def _misses(final: Incumbent) -> list[str]:
+def _misses(result: StudyResult) -> list[str]:
     """A hand-over that still misses a constraint says so: it is the closest the study came,
-    not a configuration that meets the SLOs."""
-    missed = {n: v for n, v in final.constraints.items() if v > 0}
+    not a configuration that meets the SLOs. One that meets an SLO by less than its windows'
+    spread says that too: a point just over the SLO reads like that as often."""
+    missed = {n: v for n, v in result.final.constraints.items() if v > 0}
     if not missed:
-        return []
+        return [
+            f"  ON AN SLO'S EDGE: {edge.line()}; more windows (study.repeats) tell it from a miss"
+            for edge in result.final_edges()
+        ]
     parts = ", ".join(f"{n} by {v:.1%}" for n, v in sorted(missed.items()))
     return [f"  NOT FEASIBLE: it still misses {parts} (on the mean of its windows)"]
 

@@ -20,7 +20,7 @@ from optuna.trial import TrialState
 from tuner.config import ParamSpec, ServerConfig, TunerConfig
 from tuner.outcome import NOT_LAUNCHED
 from tuner.schema import REFINE, Role, TrialAttr, TrialStatus
-from tuner.scoring.feasibility import mean_constraints, meets, violation
+from tuner.scoring.feasibility import Edge, edges, mean_constraints, meets, violation
 from tuner.search import space as search_space
 from tuner.study.acceptance import Decision
 
@@ -41,6 +41,8 @@ class Incumbent:
     constraints: dict[str, float]  # each at its mean over the measurements
     source: str
     samples: list[float] = field(default_factory=list)  # its selection-objective measurements
+    # its constraints per measurement, the windows `constraints` is the mean of (SLO-edge check)
+    constraint_windows: list[dict[str, float]] = field(default_factory=list)
 
 
 @dataclass
@@ -58,6 +60,18 @@ class StudyResult:
     final: Incumbent
     decisions: list[Decision] = field(default_factory=list)
     pareto: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+
+    def final_edges(self) -> list[Edge]:
+        """The SLOs the hand-over meets by less than one window's spread (none when it misses
+        one: that is a miss, not an edge), the spread pooled over every configuration the study
+        measured more than once."""
+        final = self.final.constraint_windows
+        if not meets(self.final.constraints):
+            return []
+        groups = [self.baseline.constraint_windows]
+        for d in self.decisions:
+            groups += [d.candidate_constraint_windows, d.incumbent_constraint_windows]
+        return edges(final, [g for g in groups if g and g != final])
 
 
 def plan_stages(config: TunerConfig) -> list[Stage]:
@@ -100,7 +114,8 @@ def baseline_incumbent(trials: Sequence[optuna.trial.FrozenTrial], select_index:
     values = [float(v) for v in np.mean([t.values for t in trials], axis=0)]
     constraints = mean_constraints([t.constraints for t in trials])
     samples = [t.values[select_index] for t in trials]
-    return Incumbent({}, values, constraints, Role.BASELINE, samples)
+    windows = [dict(t.constraints) for t in trials]
+    return Incumbent({}, values, constraints, Role.BASELINE, samples, windows)
 
 
 def spec_text(spec: ParamSpec) -> str:
@@ -290,7 +305,8 @@ def after_decision(
         values[select_index] = decision.incumbent_mean
         constraints = dict(decision.incumbent_constraints)
         samples = list(decision.incumbent_values)
-        return Incumbent(incumbent.params, values, constraints, incumbent.source, samples)
+        windows = list(decision.incumbent_constraint_windows)
+        return Incumbent(incumbent.params, values, constraints, incumbent.source, samples, windows)
     # The winner's own objectives, with the selection objective at its confirmed mean.
     values = list(decision.candidate_objectives or incumbent.values)
     values[select_index] = decision.candidate_mean
@@ -300,6 +316,7 @@ def after_decision(
         dict(decision.candidate_constraints),
         f"{stage} trial {decision.candidate_trial}",
         list(decision.candidate_values),
+        list(decision.candidate_constraint_windows),
     )
 
 
