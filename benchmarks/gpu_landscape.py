@@ -211,6 +211,8 @@ def summarize_run(trace: RunTrace, land: GpuLandscape, ref: GpuReference) -> dic
         "stopped": trace.stopped, "independent_samples": trace.independent_samples,
         "worse_than_defaults": final < ref.defaults_score - 1e-9,
         "worse_than_defaults_3pct": final < ref.defaults_score - (1 - TARGET),
+        # what the study says of its hand-over: it meets the SLOs, and on an SLO's edge
+        "believed_feasible": trace.believed_feasible, "on_edge": list(trace.on_edge),
     }  # fmt: skip
     for t in HV_AT:
         row[f"hv_at_{t}"] = round(
@@ -221,6 +223,18 @@ def summarize_run(trace: RunTrace, land: GpuLandscape, ref: GpuReference) -> dic
 
 def handed_worse(rows: Sequence[dict[str, Any]], key: str) -> str:
     return f"{sum(1 for r in rows if r[key])}/{len(rows)}"
+
+
+def edge_flags(rows: Sequence[dict[str, Any]]) -> str:
+    """Of the hand-overs the study believed feasible: how many of the truly infeasible ones,
+    and how many of the truly feasible ones, it said were on an SLO's edge."""
+    believed = [r for r in rows if r["believed_feasible"]]
+    if not believed:
+        return "-"  # no study, or none that believed its hand-over met the SLOs
+    wrong = [r for r in believed if r["final_score"] == 0]
+    right = [r for r in believed if r["final_score"] > 0]
+    caught, alarms = (sum(1 for r in group if r["on_edge"]) for group in (wrong, right))
+    return f"{caught}/{len(wrong)} infeasible, {alarms}/{len(right)} feasible"
 
 
 def median_launches(rows: Sequence[dict[str, Any]]) -> float:

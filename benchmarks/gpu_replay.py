@@ -42,6 +42,7 @@ from benchmarks.gpu_landscape import (
     GpuReference,
     GpuSlo,
     best_observed,
+    edge_flags,
     handed_worse,
     median_slo,
     reference,
@@ -178,6 +179,7 @@ def replay(
         mine = [r for r in rows if r["strategy"] == line["strategy"]]
         line["worse_than_defaults"] = handed_worse(mine, "worse_than_defaults")
         line["worse_than_defaults_3pct"] = handed_worse(mine, "worse_than_defaults_3pct")
+        line["edge_flags"] = edge_flags(mine)
     return {"reference": describe(land, ref), "summary": summary, "runs": rows}
 
 
@@ -206,7 +208,7 @@ def landscape_rows(land: GpuLandscape, slo: GpuSlo) -> list[dict[str, Any]]:
 COLUMNS = [
     "strategy", "reached_97", "median_trials_to_97", "median_trials_to_97_pct_of_grid",
     "median_trials_to_97_seen", "median_final_score", "final_feasible", "worse_than_defaults",
-    "worse_than_defaults_3pct", "switched_worse", "median_launches",
+    "worse_than_defaults_3pct", "switched_worse", "edge_flags", "median_launches",
     "median_hv_at_5", "median_hv_at_10", "median_hv_at_20",
 ]  # fmt: skip
 

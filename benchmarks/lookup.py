@@ -40,6 +40,7 @@ from tuner import (
     TrialStatus,
     TunerConfig,
     TunerError,
+    meets,
 )
 
 WINDOW_S = 10.0  # the grid's window: only used to rebuild counts from rates
@@ -183,7 +184,9 @@ def run_study(
             runner.prescreen = Prescreen(config, runner.evaluator, quiet, None, Planner(config))
         with count_fallbacks() as fallbacks:
             try:
-                runner.run()
+                result = runner.run()
+                trace.believed_feasible = meets(result.final.constraints)
+                trace.on_edge = [e.name for e in result.final_edges()]
             except TunerError as exc:
                 trace.stopped = exc.one_line()
         trace.independent_samples = fallbacks.count

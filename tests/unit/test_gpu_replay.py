@@ -16,6 +16,7 @@ from benchmarks.gpu_landscape import (
     GPU_PARAM,
     GpuLandscape,
     GpuSlo,
+    edge_flags,
     measured,
     median_slo,
     off_the_line,
@@ -132,3 +133,25 @@ def test_a_near_miss_leads_the_next_stage_to_an_optimum_that_needs_both_knobs() 
     assert result["reference"]["defaults_score"] == pytest.approx(100 / 150)
     assert all(r["final_config"] == {GPU_PARAM: 1, "max_num_seqs": 4} for r in staged)
     assert all(r["final_score"] == pytest.approx(1.0) for r in staged)
+
+
+def test_edge_flags_count_what_the_study_called_feasible_by_its_truth() -> None:
+    def row(believed: bool, score: float, on_edge: list[str]) -> dict[str, object]:
+        return {"believed_feasible": believed, "final_score": score, "on_edge": on_edge}
+
+    rows = [
+        row(True, 0.0, ["slo_p99_tpot"]),  # truly over the SLO, and flagged
+        row(True, 0.0, []),  # truly over, read well under: missed
+        row(True, 0.98, []),
+        row(True, 1.0, ["slo_p99_ttft"]),  # truly met, within the noise of the SLO
+        row(False, 0.0, []),  # printed NOT FEASIBLE: no hand-over to flag
+    ]
+    assert edge_flags(rows) == "1/2 infeasible, 1/2 feasible"
+    assert edge_flags([row(False, 0.0, [])]) == "-"
+    # At no noise no window spreads: nothing is on an edge, in any arm of a replay.
+    result = gpu_replay.replay(synthetic(), LOOSE, 1, [
+        (StudyStrategy("staged", "staged", "tpe", 3, repeats=1),
+         gpu_replay.groups_of(synthetic(), ["parallelism", "batching"])),
+    ])  # fmt: skip
+    staged = [r for r in result["runs"] if r["strategy"] == "staged"]
+    assert staged and all(r["believed_feasible"] and r["on_edge"] == [] for r in staged)
