@@ -18,9 +18,8 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
-from optuna._hypervolume import compute_hypervolume
 
-from benchmarks.landscape import Key, Landscape, Measured
+from benchmarks.landscape import Key, Landscape, Measured, hypervolume_2d
 from benchmarks.queueing import Served
 from benchmarks.scoring import (
     HV_AT,
@@ -163,10 +162,8 @@ def reference(land: GpuLandscape, slo: GpuSlo) -> GpuReference:
 
 def hypervolume(land: GpuLandscape, keys: Sequence[Key]) -> float:
     """HV of (tok/s per GPU, tok/s per user) over configurations that started, from (0, 0)."""
-    pts = [(land.per_gpu(k), land.per_user(k)) for k in set(keys) if land.true(k).ok]
-    if not pts:
-        return 0.0
-    return float(compute_hypervolume(-np.array(pts), np.zeros(2)))
+    pts = [(-land.per_gpu(k), -land.per_user(k)) for k in set(keys) if land.true(k).ok]
+    return hypervolume_2d(pts, (0.0, 0.0))
 
 
 # ---- scoring a run ---------------------------------------------------------------------------

@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from optuna._hypervolume import compute_hypervolume
 
 MAX_ERROR_RATE = 0.01
 Key = tuple[Any, ...]
@@ -197,12 +196,21 @@ def reference(land: Landscape, slo: float) -> Reference:
 
 
 def hypervolume(points: Sequence[Truth], ref: tuple[float, float]) -> float:
-    """HV of (P99 E2E min, output tok/s max) with optuna's exact calculator (as losses)."""
-    ok = [p for p in points if p.ok]
-    if not ok:
-        return 0.0
-    losses = np.array([[p.p99_e2e_s, -p.output_tok_s] for p in ok])
-    return float(compute_hypervolume(losses, np.array([ref[0], -ref[1]])))
+    """HV of (P99 E2E min, output tok/s max), as losses."""
+    losses = [(p.p99_e2e_s, -p.output_tok_s) for p in points if p.ok]
+    return hypervolume_2d(losses, (ref[0], -ref[1]))
+
+
+def hypervolume_2d(losses: Sequence[tuple[float, float]], ref: tuple[float, float]) -> float:
+    """The area that ``losses`` (both minimized) dominate up to ``ref``, exactly. Optuna's
+    calculator is private API; in two dimensions the exact sweep is a sort: each point, by
+    its first loss, adds the strip between its second loss and the best one before it."""
+    area, best = 0.0, ref[1]
+    for x, y in sorted(p for p in losses if p[0] < ref[0] and p[1] < ref[1]):
+        if y < best:
+            area += (ref[0] - x) * (best - y)
+            best = y
+    return area
 
 
 def _spread(values: Sequence[float]) -> float | None:

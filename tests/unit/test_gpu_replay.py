@@ -23,7 +23,7 @@ from benchmarks.gpu_landscape import (
     reference,
     score,
 )
-from benchmarks.landscape import Measured
+from benchmarks.landscape import Measured, hypervolume_2d
 from benchmarks.lookup import StudyStrategy
 from benchmarks.queueing import Load, serve
 
@@ -155,3 +155,12 @@ def test_edge_flags_count_what_the_study_called_feasible_by_its_truth() -> None:
     ])  # fmt: skip
     staged = [r for r in result["runs"] if r["strategy"] == "staged"]
     assert staged and all(r["believed_feasible"] and r["on_edge"] == [] for r in staged)
+
+
+def test_the_hypervolume_of_a_staircase_is_its_area_worked_by_hand() -> None:
+    """Three points on a staircase up to (4, 4): strips of 3x1, 2x1 and 1x1. A dominated
+    point, a duplicate and a point beyond the reference add nothing."""
+    stairs = [(1.0, 3.0), (2.0, 2.0), (3.0, 1.0)]
+    assert hypervolume_2d(stairs, (4.0, 4.0)) == 6.0
+    assert hypervolume_2d([*stairs, (3.0, 3.0), (2.0, 2.0), (5.0, 0.5)], (4.0, 4.0)) == 6.0
+    assert hypervolume_2d([], (4.0, 4.0)) == 0.0
