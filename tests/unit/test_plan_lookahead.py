@@ -137,6 +137,25 @@ def test_a_tp_whose_best_batch_beats_the_incumbents_leads_the_batching_stage(
     assert screen.lead_ahead(study, parallelism, batching, incumbent, gain + 0.01) is None
 
 
+def test_a_stage_is_seeded_with_the_tp_whose_best_batch_is_best(
+    setting: tuple[TunerConfig, float],
+) -> None:
+    """Before a launch of the parallelism stage (the baseline TP 2 at 64 sequences): by its
+    miss at 64 sequences the first seed would be TP 8; by each TP's best batch in the batching
+    stage that follows, it is TP 4, the one that serves most per GPU where it meets the SLO."""
+    config, _ = setting
+    screen = _screen(config)
+    parallelism, batching = _stages(config)
+    incumbent = _incumbent(screen, 2)
+    seeds = {}
+    for name, following in (("by its miss", None), ("by its best batch", batching)):
+        study = optuna.create_study(directions=["maximize", "maximize"])
+        assert screen.enqueue_best(study, parallelism, incumbent, 1, following) == 1
+        proposal = search_space.suggest(study.ask(), parallelism.specs)  # the stage's first
+        seeds[name] = proposal["tensor_parallel_size"]
+    assert seeds == {"by its miss": 8, "by its best batch": 4}
+
+
 def test_without_a_ttft_that_anchors_the_estimates_nothing_is_judged_ahead(
     setting: tuple[TunerConfig, float],
 ) -> None:

@@ -7,7 +7,8 @@
 - With ``study.prescreen=true``: the GPU estimator (:mod:`tuner.plan`) says whether the candidate
   fits its GPUs; one that cannot start is told as infeasible too (``screened``), and the
   estimator's best points are queued as most of each stage's trials (:meth:`enqueue_best`),
-  one at a time, each scaled by what the study measured so far. After a stage, a trial whose
+  one at a time, each scaled by what the study measured so far, and first those whose best
+  point in the next stage ranks first. After a stage, a trial whose
   best point over the next stage's params the estimator puts ahead of the incumbent's leads
   that stage (:meth:`lead_ahead`). Launched trials keep their estimate in their user attrs,
   beside the measurement that decides.
@@ -218,13 +219,20 @@ class Prescreen:
         return factors
 
     def enqueue_best(
-        self, study: optuna.Study, stage: Stage, incumbent: Incumbent, at_once: int = 1
-    ) -> int:
+        self, study: optuna.Study, stage: Stage, incumbent: Incumbent, at_once: int = 1,
+        following: Stage | None = None,
+    ) -> int:  # fmt: skip
         """Queue the estimator's best points not measured yet as the stage's next trials, up
         to ``at_once`` and :func:`seeds_for` the stage in all: those that start, the ones
         whose estimates (anchored on what the study measured) meet the SLOs first, then the
         nearest to meeting them, each by the selection objective. One at a time, each seed
-        is chosen knowing how the last one measured against its estimate."""
+        is chosen knowing how the last one measured against its estimate.
+
+        With a ``following`` stage the estimator can judge, points are first ordered by their
+        best point there (as :meth:`lead_ahead` judges them after the stage): at the
+        incumbent's batch every TP may miss the SLOs, and the one that misses by least is
+        often not the one that serves most at the batch that meets them. Seeding by the miss
+        measures the wrong TP, and with one launch a stage the right one is never measured."""
         kept = modelled(stage.specs)[0]
         if self.planner is None or not kept:
             return 0  # no estimator, or nothing it tells apart
@@ -239,7 +247,8 @@ class Prescreen:
         rank = _rank(self.evaluator.select_by)
         anchor = self.anchor(incumbent, study)
         starts = [p for p in points if p.estimate.starts and point_key(p.params) not in taken]
-        starts.sort(key=lambda p: (p.overshoot(self.config.slo, anchor), rank(p)))
+        ahead = self._ahead_rank(following, incumbent.params, anchor)
+        starts.sort(key=lambda p: (ahead(p), p.overshoot(self.config.slo, anchor), rank(p)))
         best = [p.params for p in starts[:wanted]]
         for point in best:
             study.enqueue_trial(point, user_attrs={TrialAttr.SEEDED: True}, skip_if_exists=True)
@@ -290,6 +299,21 @@ class Prescreen:
             "the incumbent stays unless a feasible winner beats it"
         )
         return lead, line
+
+    def _ahead_rank(
+        self, following: Stage | None, params: dict[str, Any], anchor: Anchor
+    ) -> Callable[[PlannedPoint], float]:
+        """A point's rank by its best point in ``following`` (no such point last); one rank
+        for every point where the following stage cannot be judged."""
+        if following is None or not self._ahead(following, anchor):
+            return lambda _: 0.0
+        rank = _rank(self.evaluator.select_by)
+
+        def ahead(point: PlannedPoint) -> float:
+            best = self._best_after(following, {**params, **point.params}, anchor)
+            return math.inf if best is None else rank(best)
+
+        return ahead
 
     def _ahead(self, following: Stage, anchor: Anchor) -> bool:
         """Whether a point can be judged by the following stage's: the estimator models that

@@ -369,7 +369,9 @@ class StudyRunner:
         start knowing the same), or the points left once the stage's budget covers them
         (stages.queue_unmeasured)."""
         if self.prescreen is not None:
-            self.prescreen.enqueue_best(study, stage, start, self.flights.executor.slots)
+            self.prescreen.enqueue_best(
+                study, stage, start, self.flights.executor.slots, self._following(stage)
+            )
         if left := queue_unmeasured(study, stage, launched):
             self.say(f"stage {stage.name}: its budget covers the {len(left)} point(s) not "
                      "measured yet; measuring each")  # fmt: skip
