@@ -8,9 +8,9 @@
   fits its GPUs; one that cannot start is told as infeasible too (``screened``), and the
   estimator's best points are queued as most of each stage's trials (:meth:`enqueue_best`),
   one at a time, each scaled by what the study measured so far, and first those whose best
-  point in the next stage ranks first. After a stage, a trial whose
-  best point over the next stage's params the estimator puts ahead of the incumbent's leads
-  that stage (:meth:`lead_ahead`). Launched trials keep their estimate in their user attrs,
+  point in the next stage ranks first. After a stage, a trial whose best point over the next
+  stage's params the estimator puts ahead of the incumbent's leads that stage
+  (:meth:`lead_ahead`). Launched trials keep their estimate in their user attrs,
   beside the measurement that decides.
 
 Neither counts as a launch: the stage's budget counts launched trials
