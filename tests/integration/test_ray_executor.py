@@ -137,9 +137,9 @@ def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedP
     ("extra", "message"),
     [
         (["study.parallel=9"], "study.parallel=9 is larger than the cluster can place: its 1 "
-         "node(s) hold 8 trial(s) of 1 GPU, 2 CPUs at once"),
-        (["server.args.tensor_parallel_size=16"], "a trial of this study needs 16 GPUs, 2 CPUs "
-         "on one node, and the largest node of the Ray cluster has 8 GPUs, 16 CPUs"),
+         "node(s) hold 5 trial(s) of 1 GPU, 3 CPUs at once"),  # API server, worker, Locust
+        (["server.args.tensor_parallel_size=16"], "a trial of this study needs 16 GPUs, 32 CPUs "
+         "on one node, and the largest node of the Ray cluster has 8 GPUs, 16 CPUs"),  # 2/GPU
         (["ray.address=127.0.0.1:9", "ray.connect_timeout_s=5"],
          "ray.address='127.0.0.1:9' is unreachable"),
     ],

@@ -18,7 +18,7 @@ import pytest
 from tuner.config import ParamSpec, SamplerConfig, TunerConfig
 from tuner.errors import ConfigError
 from tuner.executor import Demand, TrialJob, demand_of, make_executor
-from tuner.executor.base import check_demands
+from tuner.executor.base import at_share, check_demands, node_share
 from tuner.executor.capacity import resolve_slots, study_demands
 from tuner.executor.cores import CoreLedger, rebind
 from tuner.executor.local import LocalExecutor
@@ -39,10 +39,18 @@ def _gpu_config(**study: Any) -> TunerConfig:
     return config
 
 
-def test_a_trial_needs_its_parallel_sizes_in_gpus_and_its_client_in_cores() -> None:
+def test_a_trial_needs_its_parallel_sizes_in_gpus_and_its_processes_in_cores() -> None:
     config = _gpu_config()
     launch = LaunchSpec(args={"tensor_parallel_size": 4, "pipeline_parallel_size": 2})
-    assert demand_of(config, launch) == Demand(gpus=8, cpus=3)  # 2 client processes + server
+    # vLLM's API server, a worker per GPU, and the 2 client processes
+    assert demand_of(config, launch) == Demand(gpus=8, cpus=1 + 8 + 2)
+    assert demand_of(config, launch, cpus_per_gpu=4) == Demand(gpus=8, cpus=32)  # a node's share
+    assert demand_of(config, launch, cpus_per_gpu=1) == Demand(gpus=8, cpus=11)  # never fewer
+    config.ray.cpus_per_gpu = 2  # the user's share wins over the executor's
+    assert demand_of(config, launch, cpus_per_gpu=4) == Demand(gpus=8, cpus=16)
+    config.ray.cpus_per_trial = 5  # exactly that, whatever the trial
+    assert demand_of(config, launch, cpus_per_gpu=4) == Demand(gpus=8, cpus=5)
+    config.ray.cpus_per_trial = 0
     config.server.device = "cpu"  # vLLM-CPU computes on cores: one per rank, none on GPUs
     assert demand_of(config, launch) == Demand(gpus=0, cpus=10)
     config.ray.cpus_per_trial = 1
@@ -52,6 +60,16 @@ def test_a_trial_needs_its_parallel_sizes_in_gpus_and_its_client_in_cores() -> N
 def test_the_study_demands_cover_the_baseline_and_every_parallel_size() -> None:
     demands = study_demands(_gpu_config())
     assert sorted(d.gpus for d in demands) == [1, 1, 2, 4, 8]  # the baseline is TP 1
+    at_share = study_demands(_gpu_config(), cpus_per_gpu=4)
+    assert sorted((d.gpus, d.cpus) for d in at_share) == [(1, 4), (1, 4), (2, 8), (4, 16),
+                                                          (8, 32)]  # fmt: skip
+
+
+def test_a_gpus_share_of_cores_is_the_least_of_the_gpu_nodes() -> None:
+    assert node_share([Demand(8, 32)]) == 4
+    assert node_share([Demand(0, 4), Demand(8, 32), Demand(4, 8)]) == 2  # a head without GPUs
+    assert node_share([Demand(0, 16)]) == 0  # a CPU cluster: no GPU trial to size
+    assert at_share(Demand(2, 9), 4) == Demand(2, 9) and at_share(Demand(0, 3), 4) == Demand(0, 3)
 
 
 def test_parallel_auto_is_what_the_cluster_holds_of_the_smallest_trial() -> None:
@@ -66,7 +84,7 @@ def test_parallel_auto_is_what_the_cluster_holds_of_the_smallest_trial() -> None
 
 def test_a_trial_larger_than_every_node_is_refused() -> None:
     config = _gpu_config()
-    with pytest.raises(ConfigError, match="needs 8 GPUs, 3 CPUs on one node, and the largest "
+    with pytest.raises(ConfigError, match="needs 8 GPUs, 11 CPUs on one node, and the largest "
                        "node of the Ray cluster has 4 GPUs, 64 CPUs"):  # fmt: skip
         check_demands(config, study_demands(config), Demand(4, 64), "the Ray cluster")
 

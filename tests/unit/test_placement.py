@@ -18,6 +18,7 @@ from tuner.host.placement import (
     parse_cpus,
     pin,
     plan,
+    split,
     tree_cpus,
 )
 from tuner.host.process import reap, spawn
@@ -46,8 +47,22 @@ def test_auto_on_a_cpu_server_gives_the_client_the_last_cpu_and_vllm_the_rest() 
     assert plan(AUTO, "cpu", {}, 4, allowed=[0, 1]) == Placement((0,), (1,))
 
 
-def test_auto_pins_nothing_on_a_gpu_host_or_a_single_cpu() -> None:
-    assert plan(AUTO, "cuda", {}, 1, allowed=range(64)) == Placement(None, None)
+def test_auto_on_a_gpu_server_keeps_the_client_off_vllms_cores_too() -> None:
+    # vLLM's API server and GPU workers are CPU-bound processes; Locust beside them delays both
+    assert plan(AUTO, "cuda", {}, 2, allowed=range(8)) == Placement(tuple(range(6)), (6, 7))
+    # a CPU server's thread binding says nothing about a GPU server
+    tp2 = {"VLLM_CPU_OMP_THREADS_BIND": "0|1"}
+    assert plan(AUTO, "cuda", tp2, 1, allowed=range(4)) == Placement((0, 1, 2), (3,))
+
+
+def test_split_gives_each_client_process_a_cpu_and_the_server_the_rest() -> None:
+    assert split(range(32), 2) == Placement(tuple(range(30)), (30, 31))
+    assert split([3, 9], 5) == Placement((3,), (9,))  # never every CPU to the client
+    assert split([7], 1) == Placement(None, None)  # one CPU: nothing to split
+
+
+def test_auto_pins_nothing_on_a_single_cpu() -> None:
+    assert plan(AUTO, "cuda", {}, 1, allowed=[0]) == Placement(None, None)
     assert plan(AUTO, "cpu", {}, 1, allowed=[0]) == Placement(None, None)
     assert plan(AUTO, "cpu", {}, 1, allowed=[0]).describe() == "server and client on every CPU"
 

@@ -135,8 +135,8 @@ class PlacementConfig:
     """Which CPUs the server and the load generator run on (tuner.host.placement).
 
     Each side takes ``auto``, ``all`` (not pinned) or a CPU list such as ``0-6``. ``auto`` keeps
-    the client off the engine's cores on a CPU server (the last ``workload.processes`` CPUs for
-    the client, the rest for vLLM) and pins nothing on a GPU host.
+    the client off the server's cores (the last ``workload.processes`` CPUs for the client, the
+    rest for vLLM), on a CPU or a GPU server.
     """
 
     server_cpus: str = "auto"

@@ -24,12 +24,18 @@ class RayConfig:
     # host lacks tests the scheduling without the hardware; never do it for a real study.
     num_cpus: int = 0
     num_gpus: int = 0
-    # Cores one trial holds on its node: 0 = one per load-generator process plus one for a GPU
-    # server (its API and engine processes) or one per rank of a CPU server.
+    # Cores one trial holds on its node, exactly (0: sized by the trial, see
+    # tuner.executor.base.demand_of): one per load-generator process, plus a CPU server's ranks,
+    # or a GPU server's API process and one per GPU worker, and at least cpus_per_gpu per GPU.
     cpus_per_trial: int = 0
+    # A GPU trial's cores per GPU: 0 = the node's CPUs over its GPUs (the least of the
+    # cluster's GPU nodes), so that trials filling a node's GPUs share out its cores.
+    cpus_per_gpu: int = 0
 
     def validate(self) -> None:
         if self.connect_timeout_s <= 0:
             raise ConfigError(f"ray.connect_timeout_s must be > 0, got {self.connect_timeout_s}")
-        if min(self.num_cpus, self.num_gpus, self.cpus_per_trial) < 0:
-            raise ConfigError("ray: num_cpus, num_gpus and cpus_per_trial must be >= 0")
+        if min(self.num_cpus, self.num_gpus, self.cpus_per_trial, self.cpus_per_gpu) < 0:
+            raise ConfigError(
+                "ray: num_cpus, num_gpus, cpus_per_trial and cpus_per_gpu must be >= 0"
+            )

@@ -16,7 +16,7 @@ process (the serial path), ``ray`` runs ``study.parallel`` trials at once on a R
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -63,17 +63,33 @@ class Demand:
         return f"{gpus}{self.cpus} CPU{'s' if self.cpus != 1 else ''}"
 
 
-def demand_of(config: TunerConfig, launch: LaunchSpec) -> Demand:
-    """The devices a trial of ``launch`` needs. ``ray.cpus_per_trial`` 0 means: one core per
-    load-generator process, plus one for a GPU server's own processes or one per rank of a
-    CPU server (vLLM-CPU computes on them)."""
+def demand_of(config: TunerConfig, launch: LaunchSpec, cpus_per_gpu: int = 0) -> Demand:
+    """The devices a trial of ``launch`` needs. Its cores, unless ``ray.cpus_per_trial`` sets
+    them: one per load-generator process (``workload.processes``, as the job's config says),
+    plus one per rank of a CPU server (vLLM-CPU computes on them), or, for a GPU server, one
+    for its API server and one per GPU worker (a rank each), and at least ``ray.cpus_per_gpu``
+    (else ``cpus_per_gpu``, the executor's node share) per GPU."""
     ranks = devices_needed({**config.server.args, **launch.args})
-    gpus = ranks if config.server.device == "cuda" else 0
-    cpus = config.ray.cpus_per_trial
-    if cpus <= 0:
-        server = 1 if config.server.device == "cuda" else ranks
-        cpus = config.workload.processes + server
-    return Demand(gpus, cpus)
+    fixed = config.ray.cpus_per_trial
+    if config.server.device != "cuda":
+        return Demand(0, fixed or config.workload.processes + ranks)
+    if fixed:
+        return Demand(ranks, fixed)
+    own = Demand(ranks, 1 + ranks + config.workload.processes)
+    return at_share(own, config.ray.cpus_per_gpu or cpus_per_gpu)
+
+
+def at_share(demand: Demand, cpus_per_gpu: int) -> Demand:
+    """``demand`` with at least ``cpus_per_gpu`` cores per GPU: trials that fill a node's GPUs
+    share out all its cores, and a trial's vLLM is never left short of them by the count of
+    its processes alone."""
+    return Demand(demand.gpus, max(demand.cpus, demand.gpus * cpus_per_gpu))
+
+
+def node_share(nodes: Sequence[Demand]) -> int:
+    """The cores per GPU of the GPU nodes' least ratio (a trial sized by it fits on any node
+    its GPUs fit on); 0 where no node has a GPU."""
+    return min((n.cpus // n.gpus for n in nodes if n.gpus), default=0)
 
 
 @dataclass(frozen=True)
@@ -101,6 +117,10 @@ class TrialDevices:
     gpu_ids: list[str] = field(default_factory=list)  # Ray's assignment
     gpus_sampled: list[str] = field(default_factory=list)  # UUIDs NVML sampled
     cpus: list[int] = field(default_factory=list)  # the cores the trial was given
+    # On Ray, the node's CPUs (as Ray counts them: the ledger's slots) that the server and the
+    # load generator hold; their cores are these modulo the node's cores (tuner.executor.cores)
+    server_slots: list[int] = field(default_factory=list)
+    client_slots: list[int] = field(default_factory=list)
     started_at: float = 0.0  # wall clock, on the node
     ended_at: float = 0.0
 
@@ -186,5 +206,6 @@ def check_demands(config: TunerConfig, demands: list[Demand], largest: Demand, w
                 f"a trial of this study needs {demand.text()} on one node, and the largest "
                 f"node of {where} has {largest.text()}",
                 hint="drop the larger tensor/pipeline sizes from the search space, lower "
-                "ray.cpus_per_trial or workload.processes, or add a larger node",
+                "ray.cpus_per_gpu or workload.processes (or set ray.cpus_per_trial), or add a "
+                "larger node",
             )

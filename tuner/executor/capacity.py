@@ -18,10 +18,11 @@ from tuner.search.space import choices_of
 AUTO = "auto"
 
 
-def study_demands(config: TunerConfig) -> list[Demand]:
+def study_demands(config: TunerConfig, cpus_per_gpu: int = 0) -> list[Demand]:
     """The baseline's demand, then each device multiplier's values in the search space (on top
-    of the fixed args): the trials the study will certainly ask for."""
-    demands = [demand_of(config, LaunchSpec())]
+    of the fixed args): the trials the study will certainly ask for, at ``cpus_per_gpu`` (the
+    executor's node share; see :func:`demand_of`)."""
+    demands = [demand_of(config, LaunchSpec(), cpus_per_gpu)]
     for specs in config.search_space.values():
         for param, spec in specs.items():
             name = spec.name or param
@@ -29,7 +30,8 @@ def study_demands(config: TunerConfig) -> list[Demand]:
                 continue
             values = choices_of(spec) or [spec.low or 1, spec.high or 1]
             for value in values:
-                demands.append(demand_of(config, LaunchSpec(args={name: int(value)})))
+                launch = LaunchSpec(args={name: int(value)})
+                demands.append(demand_of(config, launch, cpus_per_gpu))
     return demands
 
 
@@ -52,7 +54,8 @@ def resolve_slots(parallel: str, nodes: Sequence[Demand], demands: Sequence[Dema
         if capacity < 1:
             raise ConfigError(
                 f"no node of the cluster can run a trial of {least.text()}",
-                hint="add a node, or lower ray.cpus_per_trial or workload.processes",
+                hint="add a node (or declare its CPUs: ray.num_cpus), or lower "
+                "ray.cpus_per_gpu or workload.processes (or set ray.cpus_per_trial)",
             )
         return capacity
     wanted = int(parallel)

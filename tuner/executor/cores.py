@@ -7,6 +7,10 @@ theirs in a small ledger file on that node's disk, under a file lock: slot ``i``
 accounting holds (it never runs more CPU demand than it declared) no two trials share a core;
 a node declared with more CPUs than it has (a test) shares cores round-robin, and its trials'
 ``devices`` attrs show it. A claim whose process is gone (a killed worker) is free again.
+
+A trial's claim is shared out between its server and its load generator as the local host is
+(:class:`TrialCores`): one slot per load-generator process, the rest to the server, so neither
+side's processes run on the other's cores.
 """
 
 from __future__ import annotations
@@ -17,11 +21,12 @@ import json
 import os
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tuner.host.placement import OMP_BIND_ENV, format_cpus, parse_cpus
+from tuner.host.placement import OMP_BIND_ENV, Placement, format_cpus, parse_cpus, split
 
 LEDGER_PREFIX = "tuner-cores-"
 STALE_S = 24 * 3600.0
@@ -55,6 +60,10 @@ class CoreLedger:
 
     def acquire(self, owner: str, pid: int, count: int) -> tuple[int, ...]:
         """``count`` slots for ``owner`` (the lowest free ones), as cores."""
+        return self.cores_of(self.acquire_slots(owner, pid, count))
+
+    def acquire_slots(self, owner: str, pid: int, count: int) -> tuple[int, ...]:
+        """``count`` slots for ``owner``: the lowest free ones."""
         with self._locked() as claims:
             for name in [n for n, c in claims.items() if not _alive(int(c["pid"]))]:
                 del claims[name]
@@ -64,11 +73,36 @@ class CoreLedger:
             # (it does not see these claims' Ray tasks): then the least recently used slots.
             mine = (free + sorted(taken))[:count]
             claims[owner] = {"pid": pid, "slots": mine}
-        return tuple(sorted({self.cores[s % len(self.cores)] for s in mine}))
+        return tuple(sorted(mine))
+
+    def cores_of(self, slots: Iterable[int]) -> tuple[int, ...]:
+        """The cores ``slots`` are (one each, round-robin where slots outnumber cores)."""
+        return tuple(sorted({self.cores[s % len(self.cores)] for s in slots}))
 
     def release(self, owner: str) -> None:
         with self._locked() as claims:
             claims.pop(owner, None)
+
+
+@dataclass(frozen=True)
+class TrialCores:
+    """A trial's claim on its node, shared out between its server and its load generator
+    (:func:`tuner.host.placement.split`): the slots each side holds, and the cores they are.
+    Split as slots, so the sides are disjoint as Ray counts the node's CPUs (as cores too,
+    unless the node declares more CPUs than it has)."""
+
+    cores: tuple[int, ...]  # every core of the claim
+    server_slots: tuple[int, ...]
+    client_slots: tuple[int, ...]
+    sides: Placement  # the cores of each side; not pinned apart on a claim of one slot
+
+    @classmethod
+    def of(cls, ledger: CoreLedger, slots: Sequence[int], client_processes: int) -> TrialCores:
+        sides = split(sorted(slots), client_processes)
+        if sides.server is None or sides.client is None:  # one slot: both sides on it
+            return cls(ledger.cores_of(slots), tuple(slots), tuple(slots), sides)
+        cores = Placement(ledger.cores_of(sides.server), ledger.cores_of(sides.client))
+        return cls(ledger.cores_of(slots), sides.server, sides.client, cores)
 
 
 def _prune(folder: Path) -> None:

@@ -1,11 +1,13 @@
 """The ``ray`` executor: ``study.parallel`` trials at once, placed by Ray on a cluster.
 
 Each trial is one Ray task that asks for exactly its needs (:func:`demand_of`): ``num_gpus`` =
-TP x PP x DP for a GPU server, and cores for the server and the load generator. Its resources
-are reserved as one placement-group bundle (all on one node: a server never spans nodes) and
-released when the task ends. Ray assigns the GPUs (``CUDA_VISIBLE_DEVICES`` of the task), the
-node's ledger the cores (:mod:`tuner.executor.remote`). The task's progress lines come back
-through a queue actor; its result and files through the object store.
+TP x PP x DP for a GPU server, and cores for the server and the load generator: at least its
+GPUs' share of a node's cores (``ray.cpus_per_gpu``, by default the nodes' CPUs per GPU), so
+that vLLM's API server and workers and the load generator each have cores of their own. Its
+resources are reserved as one placement-group bundle (all on one node: a server never spans
+nodes) and released when the task ends. Ray assigns the GPUs (``CUDA_VISIBLE_DEVICES`` of the
+task), the node's ledger the cores (:mod:`tuner.executor.remote`). The task's progress lines
+come back through a queue actor; its result and files through the object store.
 
 A task whose node or worker was lost comes back as a ``lost`` result. A TunerError raised by a
 trial (a full disk) ends the run as it does on the local executor.
@@ -14,7 +16,7 @@ trial (a full disk) ends the run as it does on the local executor.
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from tuner.config import TunerConfig
@@ -27,7 +29,9 @@ from tuner.executor.base import (
     TrialFn,
     TrialJob,
     TrialResult,
+    at_share,
     check_demands,
+    node_share,
     register_executor,
 )
 from tuner.executor.capacity import resolve_slots, study_demands
@@ -56,10 +60,13 @@ class RayExecutor:
         self.config, self.trial_fn, self.say = config, trial_fn, say
         self.cluster: RayCluster | None = connect(config.ray)
         self.ray = self.cluster.ray
+        # A GPU trial's least cores per GPU; ray.cpus_per_trial sets every trial's instead
+        share = config.ray.cpus_per_gpu or node_share(self.cluster.nodes())
+        self.share = 0 if config.ray.cpus_per_trial else share
         try:
-            check_demands(config, study_demands(config), self.cluster.largest(), "the Ray cluster")
-            self.slots = resolve_slots(config.study.parallel, self.cluster.nodes(),
-                                       study_demands(config))  # fmt: skip
+            demands = study_demands(config, self.share)
+            check_demands(config, demands, self.cluster.largest(), "the Ray cluster")
+            self.slots = resolve_slots(config.study.parallel, self.cluster.nodes(), demands)
         except ConfigError:
             self.close()
             raise
@@ -83,12 +90,17 @@ class RayExecutor:
         demands = [f.job.demand for f in self._flights.values()]
         return Demand(sum(d.gpus for d in demands), sum(d.cpus for d in demands))
 
+    def sized(self, demand: Demand) -> Demand:
+        """``demand`` with its GPUs' share of a node's cores (see :func:`demand_of`)."""
+        return at_share(demand, self.share)
+
     def fits(self, demand: Demand) -> bool:
         """A free slot and, over the alive nodes, free GPUs and cores for it. Ray decides the
         node; holding a trial that does not fit keeps smaller ones from taking every freed
         device before it (it would wait behind them for as long as they keep coming)."""
         if len(self._flights) >= self.slots or self.cluster is None:
             return False
+        demand = self.sized(demand)
         used, total = self._used(), self.cluster.total()
         return used.gpus + demand.gpus <= total.gpus and used.cpus + demand.cpus <= total.cpus
 
@@ -100,6 +112,7 @@ class RayExecutor:
         from ray.util.placement_group import placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+        job = replace(job, demand=self.sized(job.demand))
         bundle = {"CPU": float(job.demand.cpus)}
         if job.demand.gpus:
             bundle["GPU"] = float(job.demand.gpus)

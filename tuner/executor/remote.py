@@ -2,10 +2,11 @@
 
 Ray sets ``CUDA_VISIBLE_DEVICES`` of the task to the GPUs it assigned; the trial's server gets
 exactly that value (and its telemetry samples exactly those GPUs, by UUID). The worker pins
-itself to the cores the node's ledger gave the trial (:mod:`tuner.executor.cores`), so the
-server and the load generator it starts run there, split between them by the usual placement
-(:mod:`tuner.host.placement` reads the allowed cores). The trial runs in a scratch folder on
-the node; what it wrote comes back in the result, never as a path on the node's disk.
+itself to the cores the node's ledger gave the trial (:mod:`tuner.executor.cores`), and the
+trial's placement pins its server and its load generator to their own shares of them: one core
+per load-generator process, the rest to vLLM (its API server and workers), as on a local host
+(:func:`tuner.host.placement.split`). The trial runs in a scratch folder on the node; what it
+wrote comes back in the result, never as a path on the node's disk.
 """
 
 from __future__ import annotations
@@ -22,11 +23,11 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from tuner.config import TunerConfig
+from tuner.config import PlacementConfig, TunerConfig
 from tuner.executor.base import TrialDevices, TrialFn, TrialJob, TrialResult
-from tuner.executor.cores import CoreLedger, rebind
+from tuner.executor.cores import CoreLedger, TrialCores, rebind
 from tuner.executor.guard import SCRATCH_PREFIX, TRIAL_DIR_ENV
-from tuner.host.placement import OMP_BIND_ENV
+from tuner.host.placement import AUTO, OMP_BIND_ENV, Placement
 from tuner.launch import LaunchSpec
 from tuner.paths import TrialPaths
 
@@ -70,9 +71,12 @@ def run_remote(job: TrialJob, trial_fn: TrialFn, queue: Any) -> Shipped:
     scratch = Path(tempfile.mkdtemp(prefix=SCRATCH_PREFIX))
     paths = TrialPaths(scratch / job.folder.name)
     try:
-        with _on_cores(ledger, job.key, job.demand.cpus) as cores, _guarded(paths.root):
-            devices.cpus = list(cores)
-            config, launch = on_devices(job.config, job.launch, devices)
+        with _on_cores(ledger, job.key, job.demand.cpus) as slots, _guarded(paths.root):
+            cores = TrialCores.of(ledger, slots, job.config.workload.processes)
+            devices.cpus = list(cores.cores)
+            devices.server_slots = list(cores.server_slots)
+            devices.client_slots = list(cores.client_slots)
+            config, launch = on_devices(job.config, job.launch, devices, cores.sides)
             devices.started_at = time.time()
             outcome = trial_fn(
                 config, launch, paths, job.trial_id, progress=Progress(queue, job.key)
@@ -87,17 +91,37 @@ def run_remote(job: TrialJob, trial_fn: TrialFn, queue: Any) -> Shipped:
 
 
 def on_devices(
-    config: TunerConfig, launch: LaunchSpec, devices: TrialDevices
+    config: TunerConfig,
+    launch: LaunchSpec,
+    devices: TrialDevices,
+    sides: Placement | None = None,
 ) -> tuple[TunerConfig, LaunchSpec]:
-    """The trial's config and launch on its devices: the server sees the assigned GPUs, and a
-    CPU server's explicit thread binding moves onto the trial's cores."""
+    """The trial's config and launch on its devices: the server sees the assigned GPUs, the
+    server and the load generator run on their ``sides`` of the trial's cores (a side set to
+    ``all`` stays unpinned), and a CPU server's explicit thread binding moves onto the
+    server's cores."""
     if devices.cuda_visible_devices is not None and config.server.device == "cuda":
         server = replace(config.server, cuda_visible_devices=devices.cuda_visible_devices)
         config = replace(config, server=server)
+    sides = sides or Placement(None, None)
+    if sides.server is not None and sides.client is not None:
+        config = replace(config, placement=_pinned(config.placement, sides))
     bound = launch.env.get(OMP_BIND_ENV) or config.server.env.get(OMP_BIND_ENV)
-    if config.server.device == "cpu" and bound and devices.cpus:
-        launch = replace(launch, env={**launch.env, OMP_BIND_ENV: rebind(bound, devices.cpus)})
+    cores = sides.server or devices.cpus
+    if config.server.device == "cpu" and bound and cores:
+        launch = replace(launch, env={**launch.env, OMP_BIND_ENV: rebind(bound, cores)})
     return config, launch
+
+
+def _pinned(placement: PlacementConfig, sides: Placement) -> PlacementConfig:
+    """``placement`` with its ``auto`` sides set to ``sides`` (CPU lists, as a user writes
+    them; the trial's placement then pins each side's processes there)."""
+    server, client = sides.as_text()["server"], sides.as_text()["client"]
+    return replace(
+        placement,
+        server_cpus=server if placement.server_cpus == AUTO else placement.server_cpus,
+        client_cpus=client if placement.client_cpus == AUTO else placement.client_cpus,
+    )
 
 
 def _node_cores() -> list[int]:
@@ -118,13 +142,13 @@ def _node_cpus(ray: Any, node: str) -> int:
 
 @contextlib.contextmanager
 def _on_cores(ledger: CoreLedger, key: str, count: int) -> Iterator[tuple[int, ...]]:
-    """Claim ``count`` cores and pin this worker (and so every process it starts) to them;
-    the worker runs other tasks later, so its own affinity is restored after."""
+    """Claim ``count`` slots and pin this worker (and so every process it starts) to their
+    cores; the worker runs other tasks later, so its own affinity is restored after."""
     before = os.sched_getaffinity(0)
-    cores = ledger.acquire(key, os.getpid(), count)
+    slots = ledger.acquire_slots(key, os.getpid(), count)
     try:
-        os.sched_setaffinity(0, cores)
-        yield cores
+        os.sched_setaffinity(0, ledger.cores_of(slots))
+        yield slots
     finally:
         with contextlib.suppress(OSError):
             os.sched_setaffinity(0, before)

@@ -6,13 +6,17 @@ read mean E2E latencies 2-3.5x vLLM's own histograms: the latencies of such a tr
 time outside the engine, and a study compares configurations by them. With the server on one
 core and the client on the other, both clients agreed with the server's clock within 2.5 %.
 
+On a GPU server the engine computes on the GPUs, but its API server (tokenizing, streaming)
+and its workers (scheduling, launching kernels) are CPU-bound processes, and a load generator
+beside them on the same cores delays what both measure.
+
 ``placement.server_cpus`` / ``placement.client_cpus`` take ``auto``, ``all`` (not pinned) or a
 CPU list (``0-6,8``). ``auto`` gives the client the last ``workload.processes`` allowed CPUs and
-the server the rest, on ``server.device=cpu`` hosts with at least two CPUs; on a GPU host the
-engine does not compute on the CPUs, so ``auto`` leaves both sides unpinned. A CPU list that
-vLLM is told to bind its threads to (``VLLM_CPU_OMP_THREADS_BIND``, e.g. a tensor-parallel
-trial's ``0|1``) wins over ``auto``: the server runs where vLLM binds, the client on what is left
-(or everywhere, when nothing is).
+the server the rest (:func:`split`), on hosts with at least two CPUs. A CPU list that vLLM-CPU
+is told to bind its threads to (``VLLM_CPU_OMP_THREADS_BIND``, e.g. a tensor-parallel trial's
+``0|1``) wins over ``auto``: the server runs where vLLM binds, the client on what is left (or
+everywhere, when nothing is). On Ray, a trial's cores on its node are split the same way
+(:mod:`tuner.executor.remote`).
 """
 
 from __future__ import annotations
@@ -102,17 +106,27 @@ def plan(
     allowed = tuple(allowed) if allowed is not None else allowed_cpus()
     server = _explicit(config.server_cpus, "placement.server_cpus", allowed)
     client = _explicit(config.client_cpus, "placement.client_cpus", allowed)
-    if device != "cpu" or len(allowed) < 2:  # auto pins nothing there; explicit lists stand
+    if len(allowed) < 2:  # auto pins nothing there; explicit lists stand
         return Placement(server, client)
     auto_server, auto_client = config.server_cpus == AUTO, config.client_cpus == AUTO
-    if auto_server:
+    if auto_server and device == "cpu":
         server = _vllm_binding(server_env, allowed)
     if auto_client:
-        share = min(max(client_processes, 1), len(allowed) - 1)  # one CPU per Locust process
-        client = _rest(allowed, server) if server else allowed[-share:]
+        client = _rest(allowed, server) if server else split(allowed, client_processes).client
     if auto_server and server is None and client is not None:
         server = _rest(allowed, client)
     return Placement(server, client)
+
+
+def split(cpus: Sequence[int], client_processes: int) -> Placement:
+    """``cpus`` shared out: the client the last ones, one per load-generator process, the
+    server the rest, never all to the client; a single CPU is not split (neither side is
+    pinned apart)."""
+    cpus = tuple(cpus)
+    if len(cpus) < 2:
+        return Placement(None, None)
+    share = min(max(client_processes, 1), len(cpus) - 1)
+    return Placement(cpus[:-share], cpus[-share:])
 
 
 def for_trial(config: TunerConfig, launch_env: Mapping[str, str] | None = None) -> Placement:
