@@ -91,6 +91,9 @@ def compose(overrides: Sequence[str], config_dir: Path | None = None) -> TunerCo
     if start_from_today(config.server, overrides):  # today's deployment: the fixed args
         _resolve_local_paths(config)
     for_trial(config)  # the placement must be possible on this host before anything starts
+    from tuner.server import prepare_host
+
+    prepare_host(config.server)  # e.g. a simulated host's GPUs, before anything looks at them
     return config
 
 
@@ -110,5 +113,8 @@ def _resolve_local_paths(config: TunerConfig) -> None:
     model = Path(config.server.model).expanduser()
     if model.exists():
         config.server.model = str(model.resolve())
+    tokenizer = Path(str(config.server.args.get("tokenizer") or "")).expanduser()
+    if str(tokenizer) != "." and tokenizer.exists():  # vLLM's --tokenizer: a local folder
+        config.server.args["tokenizer"] = str(tokenizer.resolve())
     if config.workload.dataset:
         config.workload.dataset = str(Path(config.workload.dataset).expanduser().resolve())

@@ -224,7 +224,7 @@ def _plan_ahead(config: TunerConfig) -> threading.Thread:
     def work() -> None:
         if not config.workload.dataset:  # a dataset is read afresh each trial anyway
             with contextlib.suppress(Exception):
-                build_plan(config.workload, config.server.model)
+                build_plan(config.workload, config.server.tokenizer)
 
     thread = threading.Thread(target=work, name="plan-ahead", daemon=True)
     thread.start()
@@ -236,7 +236,7 @@ def _target(config: TunerConfig, server: ServerBackend, info: ServerInfo) -> Tar
         base_url=info.base_url,
         api_key=server.api_key,
         model=config.server.served_model_name or config.server.model,
-        tokenizer=config.server.model,
+        tokenizer=config.server.tokenizer,
     )
 
 

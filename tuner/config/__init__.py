@@ -69,6 +69,11 @@ class ServerConfig:
             raise ConfigError("server.startup_timeout_s must be > 0 and stop_grace_s >= 0")
 
     @property
+    def tokenizer(self) -> str:
+        """The tokenizer's folder: vLLM's ``--tokenizer`` if the launch sets it, else the model."""
+        return str(self.args.get("tokenizer") or self.model)
+
+    @property
     def starts_from_today(self) -> bool:
         """The fixed args come from a deployment's command or config file (tuner.server.command)."""
         return bool(self.from_command or self.from_config)

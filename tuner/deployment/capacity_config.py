@@ -59,4 +59,7 @@ def stored_config(data: dict[str, Any], study: str) -> TunerConfig:
         )
     config = from_dict(TunerConfig, data)
     config.server.api_key = None  # stored without it: a fresh key per launch
+    from tuner.server import prepare_host
+
+    prepare_host(config.server)
     return config

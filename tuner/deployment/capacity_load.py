@@ -84,7 +84,7 @@ class ServedConfig:
             base_url=self.info.base_url,
             api_key=self.server.api_key,
             model=server.served_model_name or server.model,
-            tokenizer=server.model,
+            tokenizer=server.tokenizer,
         )
 
     def measure(self, rate: float, phase: str, window_s: float | None = None) -> CapacityStep:

@@ -7,6 +7,7 @@ process group, whatever happened inside. Implementations register themselves in
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -92,8 +93,23 @@ class BackendFactory(Protocol):
 SERVER_BACKENDS: dict[str, BackendFactory] = {}
 
 
-def register_backend(kind: str, factory: BackendFactory) -> None:
+# Per kind, what the tuner's own process must know before it looks at the host (its GPUs'
+# inventory, a fingerprint): a simulated host's GPUs are seen through a simulated NVML.
+HostSetup = Callable[[ServerConfig], None]
+HOST_SETUPS: dict[str, HostSetup] = {}
+
+
+def register_backend(kind: str, factory: BackendFactory, host: HostSetup | None = None) -> None:
     SERVER_BACKENDS[kind] = factory
+    if host is not None:
+        HOST_SETUPS[kind] = host
+
+
+def prepare_host(config: ServerConfig) -> None:
+    """Run the host set-up ``config.kind`` registered, if any (before any telemetry)."""
+    setup = HOST_SETUPS.get(config.kind)
+    if setup is not None:
+        setup(config)
 
 
 def make_backend(config: ServerConfig, launch: LaunchSpec, log_path: Path) -> ServerBackend:

@@ -8,7 +8,9 @@ caller's configuration error and raises :class:`~tuner.errors.ConfigError`.
 
 from __future__ import annotations
 
+import importlib
 import math
+import os
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
@@ -28,12 +30,17 @@ class _NvmlUnavailable(Exception):
     """NVML cannot be used here (no library, no driver, no GPU); never leaves this module."""
 
 
+# A module to use in place of pynvml: a simulated GPU host's devices (tuner.simulation.nvml),
+# named by the server backend's host set-up; the rest of this module cannot tell the difference.
+NVML_MODULE_ENV = "TUNER_NVML_MODULE"
+
+
 def _pynvml() -> ModuleType:
+    name = os.environ.get(NVML_MODULE_ENV) or "pynvml"
     try:
-        import pynvml
+        return importlib.import_module(name)
     except ImportError as exc:
-        raise _NvmlUnavailable("nvidia-ml-py is not installed") from exc
-    return pynvml
+        raise _NvmlUnavailable(f"{name} cannot be imported (nvidia-ml-py installed?)") from exc
 
 
 @contextmanager

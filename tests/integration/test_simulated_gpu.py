@@ -1,0 +1,86 @@
+"""The simulated GPU host through the real `tuner trial`: started, probed, loaded by Locust,
+scraped and stopped like vLLM; its GPUs busy in the trial's telemetry; refusing to start where
+vLLM would, with the failure tuner classifies for vLLM."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from tests.conftest import ROOT, leftover_processes
+
+pytestmark = pytest.mark.integration
+
+BASE = [
+    "study=llama8b_h100",
+    "server=simulated_gpu",
+    "plan.system=h100_sxm",
+    "quality.enabled=false",
+    "workload.concurrency=8",
+    "workload.warmup_s=1",
+    "workload.window_s=3",
+]
+
+
+def trial(tmp_path: Path, trial_id: str, *extra: str) -> tuple[int, str, dict]:
+    env = {**os.environ, "TUNER_SIM_STATE_DIR": str(tmp_path / "gpus"), "PYTHONUNBUFFERED": "1"}
+    args = [*BASE, f"studies_dir={tmp_path}", *extra, "--trial-id", trial_id]
+    proc = subprocess.run(
+        [sys.executable, "-m", "tuner.cli", "trial", *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    found = list(tmp_path.glob(f"*/trials/{trial_id}/result.json"))
+    result = json.loads(found[0].read_text()) if found else {}
+    return proc.returncode, proc.stdout + proc.stderr, result
+
+
+def test_a_trial_on_the_simulated_host_streams_and_its_gpus_are_busy(tmp_path: Path) -> None:
+    code, out, result = trial(
+        tmp_path, "ok", "server.model=meta-llama/Meta-Llama-3.1-8B", "server.cuda_visible_devices=3"
+    )
+    assert code == 0, out[-3000:]
+    assert result["status"] == "ok" and result["server"]["version"].startswith("simulated-h100")
+    folder = Path(result["folder"])
+    assert (folder / "server.log").read_text().splitlines()[1].startswith("SIMULATED GPU HOST")
+    requests = [json.loads(line) for line in (folder / "requests.jsonl").read_text().splitlines()]
+    done = [r for r in requests if r.get("ok", r.get("status") == "ok")]
+    assert done, "no request completed"
+    telemetry = pd.read_csv(folder / "telemetry.csv")
+    util = telemetry[(telemetry.source == "nvml") & (telemetry.metric == "util_pct")]
+    assert set(util.entity.astype(str)) == {"3"}  # the one device it was given, sampled
+    assert util.value.max() > 50  # busy while it served
+    assert not leftover_processes(str(tmp_path))
+
+
+def test_a_model_that_does_not_fit_fails_at_start_up_as_out_of_memory(tmp_path: Path) -> None:
+    code, out, result = trial(
+        tmp_path,
+        "oom",
+        "server.model=meta-llama/Meta-Llama-3.1-70B",
+        "server.cuda_visible_devices=0",
+    )
+    assert code != 0
+    assert result["status"] == "failed" and result["reason"] == "out_of_memory", out[-2000:]
+    assert "No available memory for the cache blocks" in result["log_tail"]
+
+
+def test_more_gpus_than_it_was_given_is_refused(tmp_path: Path) -> None:
+    code, out, result = trial(
+        tmp_path,
+        "tp",
+        "server.model=meta-llama/Meta-Llama-3.1-8B",
+        "server.cuda_visible_devices=0",
+        "server.args.tensor_parallel_size=2",
+    )
+    assert code != 0 and result["status"] == "failed", out[-2000:]
+    assert "exceeds the 1 GPUs this server was given" in result["log_tail"]

@@ -1,0 +1,121 @@
+"""The simulated GPU host's continuous batching (tuner.simulation.engine), on a physics table
+made by hand: the running batch is capped by max_num_seqs, the token budget and the KV cache,
+and what does not fit waits."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from tuner.simulation import nvml
+from tuner.simulation.engine import Engine, Sequence
+from tuner.simulation.physics import Launch, Physics, batch_grid
+
+
+def physics(max_num_seqs: int = 4, budget: int = 8192, kv_tokens: int = 100_000) -> Physics:
+    launch = Launch(model="m", max_num_seqs=max_num_seqs, max_num_batched_tokens=budget)
+    # a decode step of 10 ms at batch 1 growing to 20 ms at 4; prefill 1 ms per 1024 tokens
+    return Physics("h100_sxm", launch, kv_tokens, 10.0, (1, 4), (0.001, 0.001), (0.010, 0.020))
+
+
+def run(engine: Engine, until_idle: int = 10_000) -> dict[int, list[float]]:
+    """Token times of every sequence, stepping the engine on its own clock."""
+    now, times = 0.0, {}
+    for _ in range(until_idle):
+        if engine.idle:
+            break
+        step = engine.step(now)
+        now += step.duration_s
+        for seq in step.tokens:
+            times.setdefault(seq.rid, []).append(now)
+    return times
+
+
+def test_the_running_batch_is_capped_by_max_num_seqs_and_the_rest_waits() -> None:
+    engine = Engine(physics(max_num_seqs=4))
+    for rid in range(6):
+        engine.add(Sequence(rid, prompt_tokens=100, max_tokens=5, arrived_at=0.0))
+    first = engine.step(0.0)
+    assert len(engine.running) == 4 and len(engine.waiting) == 2
+    assert [s.rid for s in first.admitted] == [0, 1, 2, 3]
+    times = run(engine)
+    assert all(len(times[rid]) == 4 for rid in range(4))  # the first came with the first step
+    assert all(len(times[rid]) == 5 for rid in (4, 5))
+    # the two that queued get their first token only after a running sequence finished
+    assert min(times[4][0], times[5][0]) > max(times[r][-1] for r in range(4)) - 1e-9
+
+
+def test_the_token_budget_chunks_a_long_prompt_over_several_steps() -> None:
+    engine = Engine(physics(budget=512))
+    engine.add(Sequence(0, prompt_tokens=2000, max_tokens=2, arrived_at=0.0))
+    steps = [engine.step(0.0) for _ in range(4)]
+    assert [s.prefill_tokens for s in steps] == [512, 512, 512, 464]
+    assert [len(s.tokens) for s in steps] == [0, 0, 0, 1]  # the first token after the prefill
+
+
+def test_decodes_take_budget_before_prefills() -> None:
+    engine = Engine(physics(budget=100))
+    engine.add(Sequence(0, prompt_tokens=10, max_tokens=50, arrived_at=0.0))
+    engine.step(0.0)  # prefilled, first token
+    for rid in (1, 2):
+        engine.add(Sequence(rid, prompt_tokens=500, max_tokens=2, arrived_at=0.0))
+    step = engine.step(0.0)
+    assert step.prefill_tokens == 99  # one of the budget's 100 tokens went to the decode
+
+
+def test_a_request_waits_for_kv_cache_it_does_not_find() -> None:
+    engine = Engine(physics(max_num_seqs=8, kv_tokens=1000))
+    for rid in range(3):
+        engine.add(Sequence(rid, prompt_tokens=300, max_tokens=100, arrived_at=0.0))
+    engine.step(0.0)
+    assert len(engine.running) == 2 and len(engine.waiting) == 1  # 800 of 1000 in use
+    assert engine.kv_usage == pytest.approx(0.8)
+    run(engine)
+    assert engine.kv_used == 0
+
+
+def test_queueing_lengthens_the_time_to_first_token() -> None:
+    alone = Engine(physics(max_num_seqs=2))
+    alone.add(Sequence(0, 100, 20, 0.0))
+    crowded = Engine(physics(max_num_seqs=2))
+    for rid in range(5):
+        crowded.add(Sequence(rid, 100, 20, 0.0))
+    assert run(crowded)[4][0] > 2 * run(alone)[0][0]
+
+
+def test_an_aborted_request_frees_its_place_and_its_cache() -> None:
+    engine = Engine(physics(max_num_seqs=1))
+    gone, next_one = Sequence(0, 100, 50, 0.0), Sequence(1, 100, 5, 0.0)
+    engine.add(gone)
+    engine.add(next_one)
+    engine.step(0.0)
+    engine.abort(gone)
+    assert engine.kv_used == 0
+    engine.step(0.0)
+    assert engine.running == [next_one]
+
+
+def test_the_table_grid_covers_max_num_seqs() -> None:
+    assert batch_grid(48) == (1, 2, 4, 8, 16, 32, 48)
+    assert batch_grid(1) == (1,)
+
+
+def test_simulated_devices_are_busy_only_while_their_server_lives(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(nvml.STATE_ENV, str(tmp_path))
+    monkeypatch.setenv(nvml.SYSTEM_ENV, "h200_sxm")
+    nvml.write_state(3, 80.0, 1000.0, os.getpid())
+    assert nvml.nvmlDeviceGetUtilizationRates(3).gpu == 80
+    assert nvml.nvmlDeviceGetUtilizationRates(2).gpu == 0
+    assert "H200" in nvml.nvmlDeviceGetName(3) and "simulated" in nvml.nvmlDeviceGetName(3)
+    nvml.write_state(4, 80.0, 1000.0, 2**22 + 12345)  # a pid that cannot be alive
+    assert nvml.nvmlDeviceGetUtilizationRates(4).gpu == 0
+    first = nvml.nvmlDeviceGetTotalEnergyConsumption(3)
+    assert nvml.nvmlDeviceGetTotalEnergyConsumption(3) >= first
+    nvml.clear_state(3, os.getpid())
+    assert nvml.nvmlDeviceGetUtilizationRates(3).gpu == 0
+    with pytest.raises(nvml.NVMLError):
+        nvml.nvmlDeviceGetHandleByIndex(8)

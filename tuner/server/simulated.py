@@ -1,0 +1,66 @@
+"""``server.kind=simulated_gpu``: a rehearsal of a GPU study on a host without GPUs.
+
+The simulated host (``python -m tuner.simulation``) is launched, probed, classified and reaped
+by the vLLM backend's own code: it takes vLLM's flags and prints vLLM's start-up lines. What
+differs is what it is: its GPUs are simulated NVML devices (the host set-up below points the
+tuner's telemetry at them), its model is an architecture AIConfigurator knows, not weights on
+disk, and its version says "simulated", so a fingerprint, and every review of a study made on it,
+can never pass for a measurement of real GPUs.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from tuner.config import ServerConfig
+from tuner.errors import ConfigError, PreflightError
+from tuner.server import base
+from tuner.server.vllm import VllmServer
+
+NVML_MODULE_ENV = "TUNER_NVML_MODULE"
+SIMULATED_NVML = "tuner.simulation.nvml"
+SYSTEM_ENV = "TUNER_SIM_SYSTEM"
+COUNT_ENV = "TUNER_SIM_GPUS"
+SIMULATED = "simulated"  # the word a simulated host's version and GPU names carry
+
+
+def system_of(config: ServerConfig) -> str:
+    """The GPU system the host simulates (``plan.system`` in conf/server/simulated_gpu.yaml)."""
+    system = config.env.get(SYSTEM_ENV, "")
+    if not system:
+        raise ConfigError(
+            "server=simulated_gpu needs the GPU system to simulate",
+            hint="set plan.system (e.g. plan.system=h100_sxm)",
+        )
+    return system
+
+
+def prepare_host(config: ServerConfig) -> None:
+    """Point this process (and the trial processes it starts, which inherit its environment)
+    at the simulated host's GPUs, of the declared system and count."""
+    os.environ[NVML_MODULE_ENV] = SIMULATED_NVML
+    os.environ[SYSTEM_ENV] = system_of(config)
+    os.environ[COUNT_ENV] = config.env.get(COUNT_ENV, "8")
+
+
+class SimulatedGpuServer(VllmServer):
+    """The vLLM backend over a simulated GPU host."""
+
+    def preflight(self) -> None:
+        """The model is an architecture, not a folder; the tokenizer the load generator and
+        the host count prompts with must be a local folder."""
+        tokenizer = str(self.config.args.get("tokenizer") or self.config.model)
+        if not Path(tokenizer).is_dir():
+            raise PreflightError(
+                f"the simulated host's tokenizer {tokenizer!r} is not a local folder",
+                hint="set server.args.tokenizer to a local model or tokenizer folder",
+            )
+
+    def _info(self) -> base.ServerInfo:
+        info = super()._info()
+        info.version = f"{SIMULATED}-{system_of(self.config)} ({info.version})"
+        return info
+
+
+base.register_backend("simulated_gpu", SimulatedGpuServer, host=prepare_host)

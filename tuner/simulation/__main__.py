@@ -1,0 +1,130 @@
+"""``python -m tuner.simulation [vLLM's flags]``: a simulated GPU host, started like vLLM.
+
+It reads its flags with vLLM's own parser, its GPU system from ``TUNER_SIM_SYSTEM`` and its
+devices from ``CUDA_VISIBLE_DEVICES``; it fails at start-up where vLLM would (more GPUs than it
+sees, weights or KV cache that do not fit), with the log lines vLLM writes, so tuner classifies
+the failure as it would a real one. ``TUNER_SIM_TIME_SCALE`` stretches every modelled delay of
+serving and ``TUNER_SIM_STARTUP_SCALE`` shrinks the modelled start-up; both are printed in the
+first line, which also says that this is a simulation and not a measurement.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from tuner.simulation import nvml
+
+TIME_SCALE_ENV = "TUNER_SIM_TIME_SCALE"
+STARTUP_SCALE_ENV = "TUNER_SIM_STARTUP_SCALE"
+BANNER = "SIMULATED GPU HOST (tuner.simulation), not vLLM and not a measurement"
+
+
+def say(line: str) -> None:
+    print(line, flush=True)
+
+
+def parse(argv: list[str]) -> dict[str, Any]:
+    """vLLM's own parser on ``argv``; exits 2 with argparse's words on a flag vLLM rejects."""
+    from tuner.server._vllm_argparse import ParseRejected, build_parser
+
+    parser, _ = build_parser()
+    try:
+        return dict(vars(parser.parse_args(argv)))
+    except ParseRejected as exc:
+        say(f"api_server.py: error: {exc}")
+        sys.exit(2)
+
+
+def visible_devices() -> list[int]:
+    """The device indices this server was given (indices or the simulated UUIDs)."""
+    raw = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if raw is None:
+        return list(range(nvml.nvmlDeviceGetCount()))
+    found = []
+    for part in filter(None, (p.strip() for p in raw.split(","))):
+        found.append(nvml.nvmlDeviceGetHandleByUUID(part) if part.startswith("GPU-") else int(part))
+    return found
+
+
+def token_counter(values: dict[str, Any]) -> Callable[[str], int]:
+    """Counts a prompt's tokens with the server's tokenizer when it is a local folder (vLLM's
+    ``--tokenizer``, else the model), else by words."""
+    folder = values.get("tokenizer") or values["model"]
+    if Path(str(folder)).is_dir():
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(str(folder))
+        return lambda text: len(tokenizer.encode(text))
+    return lambda text: max(len(text.split()), 1)
+
+
+def fail(lines: list[str]) -> None:
+    for line in lines:
+        say(line)
+    say("RuntimeError: Engine core initialization failed. See root cause above.")
+    sys.exit(1)
+
+
+def main(argv: list[str]) -> None:
+    system = nvml.system()
+    time_scale = float(os.environ.get(TIME_SCALE_ENV, "1"))
+    startup_scale = float(os.environ.get(STARTUP_SCALE_ENV, "1"))
+    devices = visible_devices()
+    say(
+        f"{BANNER}: system {system}, {len(devices)} GPUs visible, time scale {time_scale:g}, "
+        f"start-up scale {startup_scale:g}"
+    )
+    values = parse(argv)
+    from tuner.simulation.physics import DoesNotFit, Launch, estimate
+
+    launch = Launch.from_parsed(values)
+    if launch.gpus > len(devices):
+        fail(
+            [
+                f"ValueError: The number of required GPUs ({launch.gpus}: TP {launch.tp} x PP "
+                f"{launch.pp}) exceeds the {len(devices)} GPUs this server was given"
+            ]
+        )
+    try:
+        physics = estimate(system, launch)
+    except DoesNotFit as exc:
+        fail([f"ValueError: No available memory for the cache blocks (simulated: {exc})"])
+        return
+    load_s = physics.startup_s * startup_scale
+    say(
+        f"simulated start-up: {physics.startup_s:.0f} s on the GPUs "
+        f"({physics.weights_gib:.0f} GiB of weights), slept {load_s:.1f} s"
+    )
+    time.sleep(load_s)
+    length = launch.max_model_len or 8192
+    say(f"GPU KV cache size: {physics.kv_tokens:,} tokens")
+    say(f"Maximum concurrency for {length:,} tokens per request: {physics.kv_tokens / length:.2f}x")
+    serve(physics, values, devices, time_scale)
+
+
+def serve(physics: Any, values: dict[str, Any], devices: list[int], time_scale: float) -> None:
+    from aiohttp import web
+
+    from tuner.simulation.server import SimServer, make_app
+
+    names = values.get("served_model_name") or [values["model"]]
+    sim = SimServer(
+        physics=physics,
+        model=str(names[0]),
+        devices=devices[: physics.launch.gpus],
+        count_tokens=token_counter(values),
+        time_scale=time_scale,
+        api_key=os.environ.get("VLLM_API_KEY") or values.get("api_key"),
+    )
+    host, port = values.get("host") or "127.0.0.1", int(values.get("port") or 8000)
+    say(f"Starting simulated vLLM API server on http://{host}:{port}")
+    web.run_app(make_app(sim), host=host, port=port, print=None, access_log=None)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,187 @@
+"""What a simulated GPU host computes with: AIConfigurator's estimates for one launch.
+
+The simulated host takes vLLM's own flags; this module turns them into the estimator's terms
+(tensor and pipeline size, weight and KV precision, memory fraction, token budget) and asks
+AIConfigurator once, at start-up, for the memory fit, the KV cache's capacity and the TTFT and
+TPOT at a grid of running batches. Serving then interpolates that table, so a step costs no
+estimate. The numbers are steady-state means at a reference prompt and output length: the host
+scales prefill by each request's own prompt length and lets queueing happen for real.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from tuner.errors import ConfigError
+from tuner.plan.estimate import Estimator, Fit, PlanPoint
+from tuner.plan.system import backend_version, resolve_model
+
+# vLLM's defaults on a GPU of 80 GB or more, for a flag the launch leaves out (vLLM's own
+# config builder picks these for the OpenAI server; tuner.study.canonical says why it matters).
+DEFAULT_MAX_NUM_SEQS = 1024
+DEFAULT_BATCHED_TOKENS = 8192
+DEFAULT_MEMORY_FRACTION = 0.9
+REFERENCE_ISL = 1024  # the prompt length the table is estimated at
+REFERENCE_OSL = 128
+# Loading weights from a local NVMe and capturing CUDA graphs: a 8B model is ready in about a
+# minute, a 70B in a few; the simulated host sleeps this (times its start-up scale).
+LOAD_GIB_PER_S = 2.0
+GRAPH_CAPTURE_S = 30.0
+_PRECISIONS = {"fp8": "fp8", "fp8_e4m3": "fp8", "fp8_e5m2": "fp8", "auto": None, None: None}
+
+
+@dataclass(frozen=True)
+class Launch:
+    """The flags of one launch that the physics depends on, as vLLM's parser read them."""
+
+    model: str
+    tp: int = 1
+    pp: int = 1
+    max_num_seqs: int = DEFAULT_MAX_NUM_SEQS
+    max_num_batched_tokens: int = DEFAULT_BATCHED_TOKENS
+    gpu_memory_utilization: float = DEFAULT_MEMORY_FRACTION
+    max_model_len: int = 0
+    quantization: str | None = None
+    kv_cache_dtype: str | None = None
+    enable_prefix_caching: bool = True
+
+    @property
+    def gpus(self) -> int:
+        return self.tp * self.pp
+
+    @classmethod
+    def from_parsed(cls, values: dict[str, Any]) -> Launch:
+        """From vLLM's parsed namespace (dest -> value); a None keeps vLLM's default."""
+
+        def pick(name: str, default: Any) -> Any:
+            value = values.get(name)
+            return default if value is None else value
+
+        return cls(
+            model=str(values["model"]),
+            tp=int(pick("tensor_parallel_size", 1)),
+            pp=int(pick("pipeline_parallel_size", 1)),
+            max_num_seqs=int(pick("max_num_seqs", DEFAULT_MAX_NUM_SEQS)),
+            max_num_batched_tokens=int(pick("max_num_batched_tokens", DEFAULT_BATCHED_TOKENS)),
+            gpu_memory_utilization=float(pick("gpu_memory_utilization", DEFAULT_MEMORY_FRACTION)),
+            max_model_len=int(pick("max_model_len", 0)),
+            quantization=values.get("quantization"),
+            kv_cache_dtype=values.get("kv_cache_dtype"),
+            enable_prefix_caching=bool(pick("enable_prefix_caching", True)),
+        )
+
+
+@dataclass(frozen=True)
+class Physics:
+    """The estimated behaviour of one launch: memory, and latency by running batch."""
+
+    system: str
+    launch: Launch
+    kv_tokens: int
+    weights_gib: float
+    batches: tuple[int, ...]
+    ttft_s: tuple[float, ...]  # a reference prompt's prefill at each running batch
+    tpot_s: tuple[float, ...]  # one decode step at each running batch
+
+    def step_s(self, running: int) -> float:
+        """One decode step of ``running`` sequences."""
+        return float(np.interp(max(running, 1), self.batches, self.tpot_s))
+
+    def prefill_s(self, tokens: int, running: int) -> float:
+        """Prefill of ``tokens`` prompt tokens beside ``running`` sequences."""
+        per_token = float(np.interp(max(running, 1), self.batches, self.ttft_s)) / REFERENCE_ISL
+        return tokens * per_token
+
+    @property
+    def startup_s(self) -> float:
+        """How long the real server would take to load and capture graphs on its GPUs."""
+        return GRAPH_CAPTURE_S + self.weights_gib / LOAD_GIB_PER_S
+
+
+class DoesNotFit(Exception):
+    """The launch cannot start on its GPUs: vLLM's start-up would fail the same way."""
+
+
+def precision(name: str | None) -> str | None:
+    """AIConfigurator's quant mode for a vLLM precision flag (None: the checkpoint's own)."""
+    if name not in _PRECISIONS:
+        raise ConfigError(
+            f"the simulated GPU host does not model precision {name!r}",
+            hint="use fp8, or leave the flag out (the checkpoint's own precision)",
+        )
+    return _PRECISIONS[name]
+
+
+def batch_grid(max_num_seqs: int) -> tuple[int, ...]:
+    """Powers of two up to ``max_num_seqs``, and it: the table is interpolated between them."""
+    grid = [2**i for i in range(int(math.log2(max(max_num_seqs, 1))) + 1)]
+    return tuple(sorted({*grid, max_num_seqs}))
+
+
+def point_of(launch: Launch, batch: int) -> PlanPoint:
+    return PlanPoint(
+        tp=launch.tp,
+        pp=launch.pp,
+        batch=batch,
+        ctx_tokens=launch.max_num_batched_tokens,
+        isl=REFERENCE_ISL,
+        osl=REFERENCE_OSL,
+        gemm=precision(launch.quantization),
+        kv=precision(launch.kv_cache_dtype),
+        memory_fraction=launch.gpu_memory_utilization,
+        max_model_len=launch.max_model_len,
+    )
+
+
+def estimate(system: str, launch: Launch, version: str = "") -> Physics:
+    """Ask AIConfigurator about ``launch`` on ``system``; DoesNotFit where vLLM would not start."""
+    estimator = Estimator(system, backend_version(system, version), resolve_model(launch.model))
+    first = point_of(launch, 1)
+    fits, note, tokens = estimator.fit(first)
+    if fits == Fit.NO or tokens is None:
+        raise DoesNotFit(note or "the weights leave no memory for the KV cache")
+    batches, ttft, tpot = [], [], []
+    for batch in batch_grid(launch.max_num_seqs):
+        found = estimator.estimate(point_of(launch, batch))
+        if not math.isfinite(found.tpot_ms):
+            break  # past what the estimator knows: the last known step stands for larger ones
+        batches.append(batch)
+        ttft.append(found.ttft_ms / 1000)
+        tpot.append(found.tpot_ms / 1000)
+    if not batches:
+        raise ConfigError(f"AIConfigurator cannot estimate {launch.model} on {system}: {note}")
+    return Physics(
+        system,
+        launch,
+        tokens,
+        weights_gib(estimator, first),
+        tuple(batches),
+        tuple(ttft),
+        tuple(tpot),
+    )
+
+
+def weights_gib(estimator: Estimator, point: PlanPoint) -> float:
+    """The weights one server loads (all its GPUs), by AIConfigurator's memory breakdown."""
+    from aiconfigurator_core.sdk.memory import estimate_kv_cache
+
+    found = estimate_kv_cache(
+        estimator.model,
+        estimator.system,
+        "vllm",
+        estimator.version,
+        max_num_tokens=point.ctx_tokens,
+        max_batch_size=point.batch,
+        memory_fraction_kind="of_total",
+        memory_fraction_value=point.memory_fraction,
+        tp_size=point.tp,
+        pp_size=point.pp,
+        gemm_quant_mode=point.gemm,
+        kvcache_quant_mode=point.kv,
+    )
+    per_gpu = float((found.get("memory_breakdown") or {}).get("weights_bytes", 0))
+    return per_gpu * point.gpus / 2**30
