@@ -29,6 +29,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("review",),
     ("study",),
     ("executor",),
+    # the simulated GPU host's process: a server made of the plan's estimates
+    ("simulation",),
     ("plan",),
     ("trial", "outcome"),
     ("server", "loadgen", "telemetry", "quality"),

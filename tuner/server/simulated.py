@@ -38,7 +38,10 @@ def system_of(config: ServerConfig) -> str:
 
 def prepare_host(config: ServerConfig) -> None:
     """Point this process (and the trial processes it starts, which inherit its environment)
-    at the simulated host's GPUs, of the declared system and count."""
+    at the simulated host's GPUs, of the declared system and count. Without a system nothing
+    is pointed anywhere, and the first launch is refused (:meth:`SimulatedGpuServer.preflight`)."""
+    if not config.env.get(SYSTEM_ENV):
+        return
     os.environ[NVML_MODULE_ENV] = SIMULATED_NVML
     os.environ[SYSTEM_ENV] = system_of(config)
     os.environ[COUNT_ENV] = config.env.get(COUNT_ENV, "8")
@@ -50,7 +53,8 @@ class SimulatedGpuServer(VllmServer):
     def preflight(self) -> None:
         """The model is an architecture, not a folder; the tokenizer the load generator and
         the host count prompts with must be a local folder."""
-        tokenizer = str(self.config.args.get("tokenizer") or self.config.model)
+        system_of(self.config)
+        tokenizer = self.config.tokenizer
         if not Path(tokenizer).is_dir():
             raise PreflightError(
                 f"the simulated host's tokenizer {tokenizer!r} is not a local folder",
