@@ -72,7 +72,8 @@ def stage_line(outcome: StageOutcome, objectives: list[str]) -> str:
 def headline(report: Report) -> list[str]:
     """Baseline mean, per-stage decisions and the best config, in a few lines."""
     r = report.review
-    lines = [f"study {r.name} (storage {r.storage_shown}), selection by {r.select_by}"]
+    lines = [r.simulated] if r.simulated else []
+    lines.append(f"study {r.name} (storage {r.storage_shown}), selection by {r.select_by}")
     lines.append(_baseline_line(report))
     lines += [stage_line(o, r.objectives) for o in report.outcomes]
     choice = r.choice()
@@ -179,11 +180,13 @@ def html_page(report: Report) -> str:
     overview = t[[*SUMMARY_COLS, *objectives, "bottleneck_evidence"]] if not t.empty else t
     summary = "".join(f"<li>{html.escape(line)}</li>" for line in headline(report))
     figures = "".join(_figure(n, d) for n, d in report.figures.items())
+    stamp = report.review.simulated
     return (
         "<!doctype html><html><head><meta charset='utf-8'>"
         f"<title>tuner report: {html.escape(report.review.name)}</title>"
         f"<style>{STYLE}</style></head><body>"
-        f"<h1>tuner report: {html.escape(report.review.name)}</h1>"
+        + (f"<p class='simulated'><b>{html.escape(stamp)}</b></p>" if stamp else "")
+        + f"<h1>tuner report: {html.escape(report.review.name)}</h1>"
         f"<ul class='summary'>{summary}</ul>"
         f"<h2>Figures</h2>{figures}"
         f"<h2>Baseline: mean of its windows</h2>{BASELINE_NOTE}"

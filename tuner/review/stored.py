@@ -38,6 +38,7 @@ from tuner.schema import (
     stage_study,
     study_of,
 )
+from tuner.server.simulated import stamp
 from tuner.study.acceptance import Decision
 from tuner.study.storage import open_storage, redact_url
 
@@ -106,6 +107,11 @@ class Review:
         if self.baseline_study is None:
             return {}
         return dict(self.baseline_study.user_attrs.get(StudyAttr.FINGERPRINT) or {})
+
+    @property
+    def simulated(self) -> str | None:
+        """The stamp of a study rehearsed on a simulated GPU host (None for a measured one)."""
+        return stamp(self.fingerprint.get("hardware") or {})
 
     @property
     def decisions(self) -> dict[str, dict[str, Any]]:

@@ -23,6 +23,17 @@ SIMULATED_NVML = "tuner.simulation.nvml"
 SYSTEM_ENV = "TUNER_SIM_SYSTEM"
 COUNT_ENV = "TUNER_SIM_GPUS"
 SIMULATED = "simulated"  # the word a simulated host's version and GPU names carry
+STAMP = (
+    "SIMULATED: a rehearsal on a simulated GPU host (AIConfigurator's estimates served by "
+    "tuner.simulation), not a measurement of real GPUs"
+)
+
+
+def stamp(hardware: dict[str, object]) -> str | None:
+    """The line that heads every review of a study whose fingerprint names simulated GPUs."""
+    gpus = hardware.get("gpus") or []
+    simulated = isinstance(gpus, list) and any(SIMULATED in str(g) for g in gpus)
+    return STAMP if simulated else None
 
 
 def system_of(config: ServerConfig) -> str:
