@@ -38,6 +38,9 @@ class ServerInfo:
     kv_cache_tokens: int | None = None
     max_concurrency: float | None = None
     version: str | None = None
+    # A simulated host's start-up on the GPUs it stands for (it sleeps a shrunk one): what a
+    # rehearsal adds back to tell the wall time of the same study on real GPUs.
+    gpu_startup_s: float | None = None
 
 
 class ServerBackend(Protocol):

@@ -11,17 +11,20 @@ can never pass for a measurement of real GPUs.
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 from tuner.config import ServerConfig
 from tuner.errors import ConfigError, PreflightError
 from tuner.server import base
-from tuner.server.vllm import VllmServer
+from tuner.server.vllm import VllmServer, log_tail
 
 NVML_MODULE_ENV = "TUNER_NVML_MODULE"
 SIMULATED_NVML = "tuner.simulation.nvml"
 SYSTEM_ENV = "TUNER_SIM_SYSTEM"
 COUNT_ENV = "TUNER_SIM_GPUS"
+# The simulated host's line "simulated start-up: 37 s on the GPUs ..." (tuner.simulation)
+GPU_STARTUP_RE = re.compile(r"simulated start-up: ([\d.]+) s on the GPUs")
 SIMULATED = "simulated"  # the word a simulated host's version and GPU names carry
 STAMP = (
     "SIMULATED: a rehearsal on a simulated GPU host (AIConfigurator's estimates served by "
@@ -75,6 +78,8 @@ class SimulatedGpuServer(VllmServer):
     def _info(self) -> base.ServerInfo:
         info = super()._info()
         info.version = f"{SIMULATED}-{system_of(self.config)} ({info.version})"
+        modelled = GPU_STARTUP_RE.findall(log_tail(self.log_path, lines=200))
+        info.gpu_startup_s = float(modelled[-1]) if modelled else None
         return info
 
 

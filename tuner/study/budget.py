@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from tuner.config import StudyConfig
+from tuner.server.base import ServerInfo
 
 
 @dataclass
@@ -25,11 +26,26 @@ class LaunchBudget:
     done: int = 0
     launch_s: float = 0.0  # the finished launches' wall time
     started: float = field(default_factory=time.monotonic)
+    # What simulated servers' start-ups would have added on real GPUs (wall time, shared
+    # between the launches side by side): None while no launch was simulated.
+    modelled_extra_s: float | None = None
 
-    def finished(self, seconds: float) -> None:
+    def finished(self, seconds: float, modelled_extra_s: float | None = None) -> None:
         self.done += 1
         self.launch_s += seconds
         self.planned = max(self.planned, self.done)
+        if modelled_extra_s is not None:
+            self.modelled_extra_s = (self.modelled_extra_s or 0.0) + modelled_extra_s
+
+    def wall_line(self) -> str | None:
+        """A rehearsal's wall time beside the same study's on the GPUs it simulates."""
+        if self.modelled_extra_s is None:
+            return None
+        gpu = self.elapsed_s + self.modelled_extra_s
+        return (
+            f"wall time: {duration(self.elapsed_s)} in this rehearsal; the same study on the "
+            f"simulated GPUs: ~{duration(gpu)} (their modelled server start-ups, not slept here)"
+        )
 
     def replan(self, still_needed: int) -> None:
         """What is done plus what the rest of the study may still launch."""
@@ -53,6 +69,14 @@ class LaunchBudget:
             f"progress: {self.done} of at most {self.planned} launches, "
             f"{duration(self.elapsed_s)} elapsed, {left}"
         )
+
+
+def modelled_extra(server: ServerInfo | None, slots: int) -> float | None:
+    """What a simulated server's start-up would add on its GPUs over the one it slept, shared
+    between ``slots`` launches side by side; None for a real server."""
+    if server is None or server.gpu_startup_s is None:
+        return None
+    return max(server.gpu_startup_s - server.startup_s, 0.0) / max(slots, 1)
 
 
 def stage_launches(study: StudyConfig, trials: int) -> int:

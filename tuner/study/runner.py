@@ -24,7 +24,7 @@ from tuner.search import space as search_space
 from tuner.search.samplers import make_sampler
 from tuner.server import LaunchSpec
 from tuner.study.acceptance import Decision, resolution_line
-from tuner.study.budget import BudgetHook, LaunchBudget, planned_launches
+from tuner.study.budget import BudgetHook, LaunchBudget, modelled_extra, planned_launches
 from tuner.study.canonical import Canonical
 from tuner.study.confirmation import Confirmation
 from tuner.study.evaluation import Evaluated, Evaluator
@@ -265,7 +265,9 @@ class StudyRunner:
             return None
         # Launches in wall time: with N side by side, each adds 1/N of its duration.
         assert self.executor is not None
-        self.launches.finished((time.monotonic() - flight.started) / self.executor.slots)
+        slots = self.executor.slots
+        extra = modelled_extra(result.outcome.server, slots)
+        self.launches.finished((time.monotonic() - flight.started) / slots, extra)
         self.on_launch(self.launches)
         self.quality.score(result.outcome, want.label, want.role, flight.prefix)
         evaluated = self.evaluator.evaluate(result.outcome, want.params)
