@@ -1,0 +1,245 @@
+"""Every GPU preset rehearsed end to end, as a GPU user walks it, on a simulated GPU host:
+`tuner plan`, `tuner run` on Ray with 8 declared GPUs and two trials side by side, `tuner
+report`, `tuner export --format k8s`, `tuner capacity`, and `tuner check` of the exported config
+deployed on the simulated host. Everything but the GPUs is real: the CLI, Ray, vLLM's parser,
+Locust, SQLite, the review.
+
+The rehearsal shrinks the study, and says how: two trials a stage, one confirmation round, short
+windows and fewer users; the presets' SLOs and objectives stand as shipped. The same test runs
+against real vLLM on a GPU node with ``TUNER_REHEARSAL_REAL=1`` (scripts/gpu_rehearsal_check.py).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import optuna
+import pytest
+import yaml
+
+from tests.conftest import ROOT, TINY_MODEL, leftover_processes
+from tuner.schema import TrialAttr
+
+pytestmark = pytest.mark.e2e
+
+REAL = os.environ.get("TUNER_REHEARSAL_REAL") == "1"
+# What the rehearsal shrinks, stated: the study's size, the windows and the users, never what a
+# measurement means. On real GPUs the presets run as shipped but for the number of trials.
+SHRUNK = [
+    "study.trials_per_stage=2",
+    "study.repeats=1",
+    "study.baseline_measurements=1",
+    "workload.warmup_s=2",
+    "workload.window_s=4",
+    "quality.enabled=false",
+]
+SIMULATED = [
+    "server=simulated_gpu",
+    f"server.args.tokenizer={TINY_MODEL}",
+    "workload.concurrency=16",
+]
+# 8 declared GPUs, and the cores of an 8-GPU node (4 per GPU) on a 2-core host
+RAY = ["study.executor=ray", "study.parallel=2"]
+if not REAL:  # a real node's GPUs and cores are what Ray detects
+    RAY += ["ray.num_gpus=8", "ray.num_cpus=32"]
+# Each preset's GPU system (its plan.system): the host the exported config is deployed on
+SYSTEMS = {"llama8b_h100": "h100_sxm", "llama70b_8xh200": "h200_sxm"}
+PRESETS = [os.environ["TUNER_REHEARSAL_PRESET"]] if REAL else list(SYSTEMS)
+
+
+@dataclass
+class Rehearsal:
+    preset: str
+    folder: Path
+    env: dict[str, str]
+
+    @property
+    def studies(self) -> Path:
+        return self.folder / "studies"
+
+    @property
+    def study(self) -> Path:
+        return self.studies / self.preset
+
+    def tuner(self, *args: str, timeout: float = 900, ok: tuple[int, ...] = (0,)) -> str:
+        """A `tuner` command; its output, or the test fails with it."""
+        proc = subprocess.run(
+            [sys.executable, "-m", "tuner.cli", *args],
+            cwd=ROOT,
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+        out = proc.stdout + proc.stderr
+        assert proc.returncode in ok, (
+            f"tuner {' '.join(args[:2])}: rc {proc.returncode}\n{out[-4000:]}"
+        )
+        return out
+
+
+def overrides(preset: str) -> list[str]:
+    if REAL:  # a GPU node: vLLM itself, on the model folder the check script names
+        return [f"study={preset}", *SHRUNK, f"server.model={os.environ['TUNER_REHEARSAL_MODEL']}"]
+    return [f"study={preset}", *SHRUNK, *SIMULATED]
+
+
+def tokenizer() -> str:
+    return os.environ["TUNER_REHEARSAL_MODEL"] if REAL else str(TINY_MODEL)
+
+
+@pytest.fixture
+def rehearsal(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Rehearsal]:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "TUNER_SIM_STATE_DIR": str(tmp_path / "gpus")}
+    yield Rehearsal(request.param, tmp_path, env)
+    assert not leftover_processes(str(tmp_path)), "a server or load generator is left over"
+    left = [line for line in _simulated_hosts() if str(tmp_path) in line]
+    assert not left, f"simulated hosts left running: {left}"
+
+
+def _simulated_hosts() -> list[str]:
+    import psutil
+
+    found = []
+    for proc in psutil.process_iter(["pid", "cmdline", "environ"]):
+        cmd = " ".join(proc.info["cmdline"] or [])
+        if "tuner.simulation" in cmd:
+            env = proc.info.get("environ") or {}
+            found.append(f"{proc.info['pid']} {cmd[:120]} {env.get('TUNER_TRIAL_DIR', '')}")
+    return found
+
+
+def _search_trials(storage: str) -> list[optuna.trial.FrozenTrial]:
+    trials = []
+    for summary in optuna.get_all_study_summaries(storage):
+        trials += optuna.load_study(study_name=summary.study_name, storage=storage).trials
+    return [t for t in trials if TrialAttr.STATUS in t.user_attrs]
+
+
+def _no_gpu_shared_at_once(trials: list[optuna.trial.FrozenTrial]) -> None:
+    """Trials whose runs overlapped in time held disjoint GPUs (Ray's assignment)."""
+    spans = []
+    for t in trials:
+        devices = t.user_attrs.get("devices") or {}
+        if devices.get("gpu_ids") and devices.get("started_at"):
+            spans.append((devices["started_at"], devices["ended_at"], set(devices["gpu_ids"])))
+    assert len(spans) >= 2, "no trial recorded its GPUs"
+    overlapped = 0
+    for i, (s1, e1, g1) in enumerate(spans):
+        for s2, e2, g2 in spans[i + 1 :]:
+            if s1 < e2 and s2 < e1:
+                overlapped += 1
+                assert g1.isdisjoint(g2), f"GPUs {g1 & g2} held by two trials at once"
+    # a real node of one GPU runs them one after the other
+    assert overlapped or REAL, "no two trials ran side by side (study.parallel=2)"
+
+
+def _deploy(rehearsal: Rehearsal, config_yaml: Path, log: Path) -> tuple[subprocess.Popen, str]:
+    """The exported vLLM config started on the simulated host, as a user deploys it."""
+    port = 18000 + os.getpid() % 1000
+    env = {**rehearsal.env, "HF_HUB_OFFLINE": "1"}
+    if not REAL:  # the simulated host: the preset's system, all 8 GPUs visible
+        env |= {
+            "CUDA_VISIBLE_DEVICES": "0,1,2,3,4,5,6,7",
+            "TUNER_SIM_SYSTEM": SYSTEMS[rehearsal.preset],
+        }
+    server = ["vllm", "serve"] if REAL else [sys.executable, "-m", "tuner.simulation"]
+    cmd = [*server, "--config", str(config_yaml), "--host", "127.0.0.1", "--port", str(port)]
+    with log.open("w") as out:
+        proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT)
+    return proc, f"http://127.0.0.1:{port}"
+
+
+def _wait_healthy(url: str, proc: subprocess.Popen, log: Path) -> None:
+    import requests
+
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, log.read_text()[-2000:]
+        try:
+            if requests.get(url + "/health", timeout=1).status_code == 200:
+                return
+        except requests.RequestException:
+            pass
+        time.sleep(0.5)
+    pytest.fail(f"the deployed config did not start: {log.read_text()[-2000:]}")
+
+
+@pytest.mark.parametrize("rehearsal", PRESETS, indirect=True)
+def test_a_gpu_preset_walks_plan_run_report_export_capacity_check(rehearsal: Rehearsal) -> None:
+    preset, dirs = rehearsal.preset, f"studies_dir={rehearsal.studies}"
+    plan = rehearsal.tuner("plan", *overrides(preset), dirs, timeout=300)
+    assert "fits" in plan.lower()
+
+    run = rehearsal.tuner("run", *overrides(preset), *RAY, dirs)
+    assert "decisions:" in run and "submitted to Ray" in run
+    # the GPU wall time beside the rehearsal's own
+    assert ("the same study on the simulated GPUs" in run) is not REAL
+    storage = f"sqlite:///{rehearsal.study}/optuna.db"
+    trials = _search_trials(storage)
+    assert all(t.user_attrs[TrialAttr.STATUS] in ("ok", "failed") for t in trials)
+    _no_gpu_shared_at_once(trials)
+
+    report = rehearsal.tuner("report", preset, "--studies-dir", str(rehearsal.studies))
+    html = (rehearsal.study / "report" / "report.html").read_text()
+    # made on the simulated host, every review says so first; on real GPUs, none does
+    assert report.splitlines()[0].startswith("SIMULATED") is not REAL
+    assert ("SIMULATED" in html.split("<h1>")[0]) is not REAL
+
+    rehearsal.tuner("export", preset, "--studies-dir", str(rehearsal.studies), "--format", "all")
+    export = rehearsal.study / "export"
+    assert ("SIMULATED" in (export / "k8s.yaml").read_text().splitlines()[0]) is not REAL
+    evidence = json.loads((export / "evidence.json").read_text())
+    assert (next(iter(evidence)) == "simulated") is not REAL
+    deployed = yaml.safe_load((export / "vllm-config.yaml").read_text())
+    gpus = int(deployed.get("tensor-parallel-size", 1)) * int(
+        deployed.get("pipeline-parallel-size", 1)
+    )
+    assert gpus <= 8  # the exported config fits the host
+
+    capacity = rehearsal.tuner(
+        "capacity",
+        preset,
+        "--studies-dir",
+        str(rehearsal.studies),
+        "--target-rps",
+        "10",
+        "--window-s",
+        "3",
+        "--max-steps",
+        "2",
+    )
+    assert "replicas" in capacity
+
+    log = rehearsal.folder / "deployed.log"
+    proc, url = _deploy(rehearsal, export / "vllm-config.yaml", log)
+    try:
+        _wait_healthy(url, proc, log)
+        check = rehearsal.tuner(
+            "check",
+            "--url",
+            url,
+            "--evidence",
+            str(export / "evidence.json"),
+            "--tokenizer",
+            tokenizer(),
+            "--windows",
+            "2",
+            "--out",
+            str(rehearsal.folder / "check"),
+            ok=(0, 3),  # a pass, or objectives too noisy to resolve in 2 windows; never a FAIL
+        )
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=30)
+    verdict = json.loads((rehearsal.folder / "check" / "check.json").read_text())
+    slo_rows = [r for r in verdict["rows"] if r["kind"] == "slo"]
+    assert slo_rows and all(r["verdict"].lower() == "met" for r in slo_rows), check[-3000:]
