@@ -17,7 +17,7 @@ from tuner.simulation.physics import Launch, Physics, batch_grid
 def physics(max_num_seqs: int = 4, budget: int = 8192, kv_tokens: int = 100_000) -> Physics:
     launch = Launch(model="m", max_num_seqs=max_num_seqs, max_num_batched_tokens=budget)
     # a decode step of 10 ms at batch 1 growing to 20 ms at 4; prefill 1 ms per 1024 tokens
-    return Physics("h100_sxm", launch, kv_tokens, 10.0, (1, 4), (0.001, 0.001), (0.010, 0.020))
+    return Physics("h100_sxm", launch, kv_tokens, 10.0, 0.0, 0.001 / 1024, (1, 4), (0.01, 0.02))
 
 
 def run(engine: Engine, until_idle: int = 10_000) -> dict[int, list[float]]:
@@ -119,3 +119,38 @@ def test_simulated_devices_are_busy_only_while_their_server_lives(
     assert nvml.nvmlDeviceGetUtilizationRates(3).gpu == 0
     with pytest.raises(nvml.NVMLError):
         nvml.nvmlDeviceGetHandleByIndex(8)
+
+
+def test_a_prefill_costs_its_tokens_whatever_runs_beside_it() -> None:
+    found = physics()
+    assert found.prefill_s(0) == 0.0
+    assert found.prefill_s(2048) == pytest.approx(2 * found.prefill_s(1024))
+
+
+def test_the_decode_step_follows_aiconfigurator_alone_not_its_queueing() -> None:
+    """The host's own closed loop at 16 users: its TPOT near AIConfigurator's at batch 16
+    (whose aggregated TTFT and TPOT hold queueing and mixed prefill steps the engine does
+    itself, and which counted twice made TPOT 2-4x too slow)."""
+    from tuner.plan.estimate import Estimator, PlanPoint
+    from tuner.plan.system import backend_version
+    from tuner.simulation.physics import estimate
+
+    launch = Launch(model="meta-llama/Meta-Llama-3.1-8B", max_num_seqs=64)
+    sim = estimate("h100_sxm", launch)
+    version = backend_version("h100_sxm", "")
+    reference = Estimator("h100_sxm", version, "meta-llama/Meta-Llama-3.1-8B").estimate(
+        PlanPoint(batch=16, isl=1024, osl=128)
+    )
+    engine, now, rid = Engine(sim), 0.0, 0
+    for rid in range(16):
+        engine.add(Sequence(rid, 1024, 128, now))
+    gaps: list[float] = []
+    while len(gaps) < 4000:
+        step = engine.step(now)
+        now += step.duration_s
+        gaps += [step.duration_s] * sum(1 for s in step.tokens if s.generated > 1)
+        for _ in step.finished:  # closed loop: each finished user sends the next request
+            rid += 1
+            engine.add(Sequence(rid, 1024, 128, now))
+    tpot_ms = 1000 * sum(gaps) / len(gaps)
+    assert reference.tpot_ms / 1.5 < tpot_ms < reference.tpot_ms * 1.5

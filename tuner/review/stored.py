@@ -111,7 +111,7 @@ class Review:
     @property
     def simulated(self) -> str | None:
         """The stamp of a study rehearsed on a simulated GPU host (None for a measured one)."""
-        return stamp(self.fingerprint.get("hardware") or {})
+        return stamp(self.fingerprint)
 
     @property
     def decisions(self) -> dict[str, dict[str, Any]]:

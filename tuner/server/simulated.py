@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
+from typing import Any
 
 from tuner.config import ServerConfig
 from tuner.errors import ConfigError, PreflightError
@@ -23,6 +24,7 @@ NVML_MODULE_ENV = "TUNER_NVML_MODULE"
 SIMULATED_NVML = "tuner.simulation.nvml"
 SYSTEM_ENV = "TUNER_SIM_SYSTEM"
 COUNT_ENV = "TUNER_SIM_GPUS"
+TIME_SCALE_ENV = "TUNER_SIM_TIME_SCALE"  # tuner.simulation.__main__ reads it
 # The simulated host's line "simulated start-up: 37 s on the GPUs ..." (tuner.simulation)
 GPU_STARTUP_RE = re.compile(r"simulated start-up: ([\d.]+) s on the GPUs")
 SIMULATED = "simulated"  # the word a simulated host's version and GPU names carry
@@ -32,11 +34,14 @@ STAMP = (
 )
 
 
-def stamp(hardware: dict[str, object]) -> str | None:
-    """The line that heads every review of a study whose fingerprint names simulated GPUs."""
-    gpus = hardware.get("gpus") or []
-    simulated = isinstance(gpus, list) and any(SIMULATED in str(g) for g in gpus)
-    return STAMP if simulated else None
+def stamp(fingerprint: dict[str, Any]) -> str | None:
+    """The line that heads every review of a study whose fingerprint names simulated GPUs,
+    with the factor its serving time was stretched by, if any."""
+    gpus = (fingerprint.get("hardware") or {}).get("gpus") or []
+    if not (isinstance(gpus, list) and any(SIMULATED in str(g) for g in gpus)):
+        return None
+    scale = float((fingerprint.get("fixed_env") or {}).get(TIME_SCALE_ENV) or 1)
+    return STAMP + (f"; serving time stretched x{scale:g}" if scale != 1 else "")
 
 
 def system_of(config: ServerConfig) -> str:
@@ -77,7 +82,9 @@ class SimulatedGpuServer(VllmServer):
 
     def _info(self) -> base.ServerInfo:
         info = super()._info()
-        info.version = f"{SIMULATED}-{system_of(self.config)} ({info.version})"
+        scale = float(self.config.env.get(TIME_SCALE_ENV) or 1)
+        stretched = f" x{scale:g}" if scale != 1 else ""
+        info.version = f"{SIMULATED}-{system_of(self.config)}{stretched} ({info.version})"
         modelled = GPU_STARTUP_RE.findall(log_tail(self.log_path, lines=200))
         info.gpu_startup_s = float(modelled[-1]) if modelled else None
         return info

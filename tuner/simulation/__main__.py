@@ -34,10 +34,13 @@ def parse(argv: list[str]) -> dict[str, Any]:
 
     parser, _ = build_parser()
     try:
-        return dict(vars(parser.parse_args(argv)))
+        values = dict(vars(parser.parse_args(argv)))
     except ParseRejected as exc:
         say(f"api_server.py: error: {exc}")
         sys.exit(2)
+    if values.get("model_tag"):  # `serve MODEL`: vLLM's own serve command takes it so
+        values["model"] = values["model_tag"]
+    return values
 
 
 def visible_devices() -> list[int]:
@@ -80,7 +83,7 @@ def main(argv: list[str]) -> None:
         f"start-up scale {startup_scale:g}"
     )
     values = parse(argv)
-    from tuner.simulation.physics import DoesNotFit, Launch, estimate
+    from tuner.simulation.physics import CannotEstimate, DoesNotFit, Launch, estimate
 
     launch = Launch.from_parsed(values)
     if launch.gpus > len(devices):
@@ -94,6 +97,14 @@ def main(argv: list[str]) -> None:
         physics = estimate(system, launch)
     except DoesNotFit as exc:
         fail([f"ValueError: No available memory for the cache blocks (simulated: {exc})"])
+        return
+    except CannotEstimate as exc:
+        fail(
+            [
+                f"NotImplementedError: AIConfigurator cannot estimate {launch.model} on {system} "
+                f"with these flags (simulated): {exc}"
+            ]
+        )
         return
     load_s = physics.startup_s * startup_scale
     say(

@@ -119,7 +119,7 @@ class Engine:
             if seq.decoding:
                 got_first.append(seq)
         batch = len(self.running)
-        duration = self.physics.prefill_s(prefill, batch)
+        duration = self.physics.prefill_s(prefill)
         if decoding:
             duration += self.physics.step_s(batch)
         tokens = decoding + got_first

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from tuner.errors import ConfigError
-from tuner.plan.estimate import Estimator, Fit, PlanPoint
+from tuner.plan.estimate import Estimator, Fit, PlanPoint, PointEstimate
 from tuner.plan.system import backend_version, resolve_model
 
 # vLLM's defaults on a GPU of 80 GB or more, for a flag the launch leaves out (vLLM's own
@@ -25,8 +25,7 @@ from tuner.plan.system import backend_version, resolve_model
 DEFAULT_MAX_NUM_SEQS = 1024
 DEFAULT_BATCHED_TOKENS = 8192
 DEFAULT_MEMORY_FRACTION = 0.9
-REFERENCE_ISL = 1024  # the prompt length the table is estimated at
-REFERENCE_OSL = 128
+REFERENCE_ISL = 1024  # the prompt length prefill is estimated at (and at twice it)
 # Loading weights from a local NVMe and capturing CUDA graphs: a 8B model is ready in about a
 # minute, a 70B in a few; the simulated host sleeps this (times its start-up scale).
 LOAD_GIB_PER_S = 2.0
@@ -77,24 +76,24 @@ class Launch:
 
 @dataclass(frozen=True)
 class Physics:
-    """The estimated behaviour of one launch: memory, and latency by running batch."""
+    """The estimated behaviour of one launch: memory, prefill cost, decode step by batch."""
 
     system: str
     launch: Launch
     kv_tokens: int
     weights_gib: float
+    prefill_overhead_s: float  # what an engine step that prefills pays once
+    prefill_token_s: float  # and per prompt token
     batches: tuple[int, ...]
-    ttft_s: tuple[float, ...]  # a reference prompt's prefill at each running batch
     tpot_s: tuple[float, ...]  # one decode step at each running batch
 
     def step_s(self, running: int) -> float:
         """One decode step of ``running`` sequences."""
         return float(np.interp(max(running, 1), self.batches, self.tpot_s))
 
-    def prefill_s(self, tokens: int, running: int) -> float:
-        """Prefill of ``tokens`` prompt tokens beside ``running`` sequences."""
-        per_token = float(np.interp(max(running, 1), self.batches, self.ttft_s)) / REFERENCE_ISL
-        return tokens * per_token
+    def prefill_s(self, tokens: int) -> float:
+        """Prefill of ``tokens`` prompt tokens in one step (none: nothing)."""
+        return self.prefill_overhead_s + tokens * self.prefill_token_s if tokens > 0 else 0.0
 
     @property
     def startup_s(self) -> float:
@@ -104,6 +103,11 @@ class Physics:
 
 class DoesNotFit(Exception):
     """The launch cannot start on its GPUs: vLLM's start-up would fail the same way."""
+
+
+class CannotEstimate(Exception):
+    """AIConfigurator has no data to say how the launch runs (a precision on this GPU, a
+    layout it does not model): not a reason to call it out of memory."""
 
 
 def precision(name: str | None) -> str | None:
@@ -122,14 +126,14 @@ def batch_grid(max_num_seqs: int) -> tuple[int, ...]:
     return tuple(sorted({*grid, max_num_seqs}))
 
 
-def point_of(launch: Launch, batch: int) -> PlanPoint:
+def point_of(launch: Launch, batch: int, isl: int = REFERENCE_ISL, osl: int = 2) -> PlanPoint:
     return PlanPoint(
         tp=launch.tp,
         pp=launch.pp,
         batch=batch,
         ctx_tokens=launch.max_num_batched_tokens,
-        isl=REFERENCE_ISL,
-        osl=REFERENCE_OSL,
+        isl=isl,
+        osl=osl,
         gemm=precision(launch.quantization),
         kv=precision(launch.kv_cache_dtype),
         memory_fraction=launch.gpu_memory_utilization,
@@ -138,31 +142,48 @@ def point_of(launch: Launch, batch: int) -> PlanPoint:
 
 
 def estimate(system: str, launch: Launch, version: str = "") -> Physics:
-    """Ask AIConfigurator about ``launch`` on ``system``; DoesNotFit where vLLM would not start."""
+    """Ask AIConfigurator about ``launch`` on ``system``; DoesNotFit where vLLM would not start,
+    CannotEstimate where AIConfigurator cannot say.
+
+    Its aggregated TTFT and TPOT at a batch already hold queueing and the prefill steps mixed
+    into decoding; the engine does both for real, so the costs it needs come from where they
+    are alone: prefill from one request at two prompt lengths (the slope per token, the rest a
+    step's overhead), a decode step from an output long enough to dilute the prefill steps.
+    """
     estimator = Estimator(system, backend_version(system, version), resolve_model(launch.model))
-    first = point_of(launch, 1)
-    fits, note, tokens = estimator.fit(first)
-    if fits == Fit.NO or tokens is None:
+    fits, note, tokens = estimator.fit(point_of(launch, 1))
+    if fits == Fit.NO:
         raise DoesNotFit(note or "the weights leave no memory for the KV cache")
-    batches, ttft, tpot = [], [], []
+    if fits == Fit.UNKNOWN or tokens is None:
+        raise CannotEstimate(note)
+    short, long = (_estimated(estimator, point_of(launch, 1, isl)).ttft_ms for isl in (1024, 2048))
+    per_token = max(long - short, 0.0) / 1024 / 1000
+    batches, tpot = [], []
     for batch in batch_grid(launch.max_num_seqs):
-        found = estimator.estimate(point_of(launch, batch))
+        found = estimator.estimate(point_of(launch, batch, osl=max(2048, 32 * batch)))
         if not math.isfinite(found.tpot_ms):
             break  # past what the estimator knows: the last known step stands for larger ones
         batches.append(batch)
-        ttft.append(found.ttft_ms / 1000)
         tpot.append(found.tpot_ms / 1000)
     if not batches:
-        raise ConfigError(f"AIConfigurator cannot estimate {launch.model} on {system}: {note}")
+        raise CannotEstimate(f"no decode estimate for {launch.model} on {system}")
     return Physics(
-        system,
-        launch,
-        tokens,
-        weights_gib(estimator, first),
-        tuple(batches),
-        tuple(ttft),
-        tuple(tpot),
+        system=system,
+        launch=launch,
+        kv_tokens=tokens,
+        weights_gib=weights_gib(estimator, point_of(launch, 1)),
+        prefill_overhead_s=max(short / 1000 - per_token * 1024, 0.0),
+        prefill_token_s=per_token,
+        batches=tuple(batches),
+        tpot_s=tuple(tpot),
     )
+
+
+def _estimated(estimator: Estimator, point: PlanPoint) -> PointEstimate:
+    found = estimator.estimate(point)
+    if not math.isfinite(found.ttft_ms):
+        raise CannotEstimate(found.note or f"no prefill estimate at {point}")
+    return found
 
 
 def weights_gib(estimator: Estimator, point: PlanPoint) -> float:

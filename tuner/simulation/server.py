@@ -35,6 +35,7 @@ class Flight:
     tokens: asyncio.Queue[float] = field(default_factory=asyncio.Queue)
     first_at: float | None = None
     last_at: float | None = None
+    sent_at: float | None = None  # the engine's last token of it (the inter-token gaps)
 
 
 @dataclass
@@ -76,8 +77,12 @@ class SimServer:
     def _deliver(self, step: Step, now: float) -> None:
         for seq in step.tokens:
             flight = self.flights.get(seq.rid)
-            if flight is not None:
-                flight.tokens.put_nowait(now)
+            if flight is None:
+                continue
+            if flight.sent_at is not None:
+                self.metrics.observe("vllm:inter_token_latency_seconds", now - flight.sent_at)
+            flight.sent_at = now
+            flight.tokens.put_nowait(now)
 
     async def write_state(self) -> None:
         """The fake NVML readings of this server's devices: busy while steps run."""
