@@ -82,11 +82,22 @@ def test_parallel_auto_is_what_the_cluster_holds_of_the_smallest_trial() -> None
         resolve_slots("11", nodes, demands)
 
 
-def test_a_trial_larger_than_every_node_is_refused() -> None:
+def test_candidates_larger_than_every_node_are_left_to_the_screen() -> None:
+    """TP 8 on nodes of 4 GPUs is a candidate the study screens unlaunched, not a reason to
+    refuse the study; a baseline no node holds is."""
     config = _gpu_config()
+    beyond = check_demands(config, study_demands(config), Demand(4, 64), "the Ray cluster")
+    assert beyond == [Demand(8, 11)]
+    config.server.args["tensor_parallel_size"] = 8
     with pytest.raises(ConfigError, match="needs 8 GPUs, 11 CPUs on one node, and the largest "
                        "node of the Ray cluster has 4 GPUs, 64 CPUs"):  # fmt: skip
         check_demands(config, study_demands(config), Demand(4, 64), "the Ray cluster")
+
+
+def test_a_trial_whose_gpus_fit_but_not_its_cores_is_refused() -> None:
+    config = _gpu_config()
+    with pytest.raises(ConfigError, match="needs 4 GPUs, 7 CPUs on one node"):
+        check_demands(config, study_demands(config), Demand(8, 6), "the Ray cluster")
 
 
 def test_the_local_executor_runs_one_trial_at_a_time_only() -> None:

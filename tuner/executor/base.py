@@ -198,9 +198,14 @@ def make_executor(config: TunerConfig, trial_fn: TrialFn, say: Say) -> Executor:
     return factory(config, trial_fn, say)
 
 
-def check_demands(config: TunerConfig, demands: list[Demand], largest: Demand, where: str) -> None:
-    """A ConfigError naming the first trial that no node of ``where`` can hold."""
-    for demand in demands:
+def check_demands(
+    config: TunerConfig, demands: list[Demand], largest: Demand, where: str
+) -> list[Demand]:
+    """A ConfigError where no node of ``where`` can hold the baseline (``demands[0]``), or a
+    trial's cores though its GPUs fit; the demands of more GPUs than any node has, returned,
+    are candidates the study screens without a launch (tuner.plan.demand)."""
+    beyond = [d for d in demands[1:] if d.gpus > largest.gpus]
+    for demand in [d for i, d in enumerate(demands) if i == 0 or d not in beyond]:
         if demand.gpus > largest.gpus or demand.cpus > largest.cpus:
             raise ConfigError(
                 f"a trial of this study needs {demand.text()} on one node, and the largest "
@@ -209,3 +214,4 @@ def check_demands(config: TunerConfig, demands: list[Demand], largest: Demand, w
                 "ray.cpus_per_gpu or workload.processes (or set ray.cpus_per_trial), or add a "
                 "larger node",
             )
+    return beyond

@@ -65,8 +65,15 @@ class RayExecutor:
         self.share = 0 if config.ray.cpus_per_trial else share
         try:
             demands = study_demands(config, self.share)
-            check_demands(config, demands, self.cluster.largest(), "the Ray cluster")
-            self.slots = resolve_slots(config.study.parallel, self.cluster.nodes(), demands)
+            beyond = check_demands(config, demands, self.cluster.largest(), "the Ray cluster")
+            placeable = [d for d in demands if d not in beyond]
+            self.slots = resolve_slots(config.study.parallel, self.cluster.nodes(), placeable)
+            if beyond:
+                most = max(d.gpus for d in beyond)
+                say(
+                    f"ray: candidates of up to {most} GPUs need more than any node has: "
+                    "screened without a launch"
+                )
         except ConfigError:
             self.close()
             raise
