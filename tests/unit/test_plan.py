@@ -194,8 +194,12 @@ def test_plan_sizes_replicas_for_a_target(tmp_path: Path, capsys: pytest.Capture
                "--target-rps", "50", "--out", str(tmp_path)])  # fmt: skip
     out = capsys.readouterr().out
     assert rc == 0
-    line = next(ln for ln in out.splitlines() if ln.startswith("for 50 req/s"))
-    assert "30% headroom" in line and "replicas" in line and "/month" in out
+    lines = out.splitlines()
+    at = next(i for i, ln in enumerate(lines) if ln.startswith("for 50 req/s"))
+    line, cost = lines[at], lines[at + 1]
+    assert "30% headroom" in line and "replicas" in line and "/month" in cost
+    gpus = int(line.split(" GPUs")[0].rsplit(" ", 1)[-1])  # "... 3 replicas, 6 GPUs at ..."
+    assert f"({gpus} x H100 at $" in cost  # the line prices every GPU it counts
 
 
 @pytest.mark.parametrize(
@@ -203,7 +207,7 @@ def test_plan_sizes_replicas_for_a_target(tmp_path: Path, capsys: pytest.Capture
     [
         (["plan.system=h300_sxm"], "unknown GPU system 'h300_sxm'"),
         (["plan.system=h200_sxm", "server.model=/tmp"], "has no config.json"),
-        (["plan.system=h200_sxm", "server.model=meta-llama/Llama-3.1-70B-Instruct"],
+        (["plan.system=h200_sxm", "server.model=acme/Llama-3.3-70B-Instruct"],
          "no hub download"),
         (["plan.system=h200_sxm", "--target-rps", "0"], "target rate must be > 0"),
         (["plan.system=h200_sxm", "--target-rps", "-3"], "target rate must be > 0"),

@@ -54,6 +54,10 @@ def _config(tmp_path: Path) -> TunerConfig:
             "server.model=meta-llama/Meta-Llama-3.1-70B",
             "plan.system=h200_sxm",
             "study.prescreen=true",
+            # the whole server's throughput selects, and the baseline is vLLM's TP 1: the
+            # estimator's first point is then the most GPUs (the preset's own choices differ)
+            "objectives=default",
+            "~server.args.tensor_parallel_size",
             "search_space=[parallelism]",
             "search_space.parallelism.tensor_parallel_size.choices=[1,2,4,8]",
             "search_space.parallelism.pipeline_parallel_size.choices=[1]",
@@ -221,7 +225,7 @@ def _batching_70b(tmp_path: Path, slo_ttft_s: float) -> TunerConfig:
     config = compose([
         "study=llama70b_8xh200", "server.model=meta-llama/Meta-Llama-3.1-70B",
         "plan.system=h200_sxm", "plan.backend_version=0.24.0", "study.prescreen=true",
-        "+server.args.quantization=fp8", "+server.args.tensor_parallel_size=8",
+        "+server.args.quantization=fp8", "server.args.tensor_parallel_size=8",
         "search_space=[batching]", "study.stages=[batching]",
         "study.trials_per_stage=4", "workload.concurrency=64",
         "workload.classes=[{prompt_tokens:{mean:1024},output_tokens:{mean:1024}}]",

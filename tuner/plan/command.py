@@ -16,9 +16,10 @@ from tuner.errors import ConfigError
 from tuner.paths import StudyPaths
 from tuner.plan import space as plan_space
 from tuner.plan import table as plan_table
-from tuner.plan.estimate import Estimator, PointEstimate
+from tuner.plan.demand import host_gpus, over_host
+from tuner.plan.estimate import Estimator, Fit, PointEstimate
 from tuner.plan.sizing import Sizing, check_target, server_price, size
-from tuner.plan.system import backend_version, gpu_name, resolve_model, resolve_system
+from tuner.plan.system import backend_version, gpu_name, resolve_model_source, resolve_system
 from tuner.plan.table import PlannedPoint
 
 PLAN_DIR = "plan"
@@ -31,18 +32,35 @@ class Planner:
         self.config = config
         self.system = resolve_system(config.plan)
         self.version = backend_version(self.system, config.plan.backend_version)
-        self.model = resolve_model(config.plan.model or config.server.model)
+        self.source = resolve_model_source(config.plan.model or config.server.model)
+        self.model = self.source.target
         self.estimator = Estimator(self.system, self.version, self.model)
         self.gpu = gpu_name(self.system)
         self.defaults = plan_space.vllm_defaults(self.estimator.gpu_memory_gib, self.gpu)
+        self.host_gpus = host_gpus(config)  # 0: not known here, so never a reason to refuse
+
+    @classmethod
+    def available(cls, config: TunerConfig) -> Planner | None:
+        """A planner where estimates can be made (AIConfigurator installed, a GPU system named
+        or seen, a model it can read), else None: a check that needs one stays silent."""
+        if config.server.device != "cuda":
+            return None
+        try:
+            return cls(config)
+        except ConfigError:
+            return None
 
     def describe(self) -> str:
-        name = Path(self.model).name if Path(self.model).is_dir() else self.model
-        return f"{name} on {self.system} (AIConfigurator, vLLM {self.version} data)"
+        return f"{self.source.shown} on {self.system} (AIConfigurator, vLLM {self.version} data)"
 
     def estimate(self, params: Mapping[str, Any]) -> PointEstimate:
-        """The estimate of the server ``params`` (on top of the fixed args) runs."""
-        return self.estimator.estimate(plan_space.point_of(self.config, params, self.defaults))
+        """The estimate of the server ``params`` (on top of the fixed args) runs; a point that
+        needs more GPUs than the host has does not fit, whatever its memory says."""
+        point = plan_space.point_of(self.config, params, self.defaults)
+        too_many = over_host(self.config, params, self.host_gpus)
+        if too_many is not None:
+            return PointEstimate(point, Fit.NO, too_many)
+        return self.estimator.estimate(point)
 
     def planned(self, params: Mapping[str, Any]) -> PlannedPoint:
         e = self.estimate(params)
@@ -110,8 +128,13 @@ def _header(
     wl = config.workload
     load = f"{wl.concurrency} users" if wl.mode == "closed" else f"open loop {wl.rate:g} req/s"
     sampled = f" sampled of {total}" if total > shown else ""
-    lines = [
-        f"plan: {planner.describe()}",
+    lines = [f"plan: {planner.describe()}"]
+    if planner.source.note:
+        lines.append(f"model: {planner.source.note}")
+    if planner.host_gpus:
+        gpus = f"{planner.host_gpus} GPU{'s' * (planner.host_gpus != 1)}"
+        lines.append(f"host: {gpus}; a point that needs more cannot start here")
+    lines += [
         f"workload: {isl} prompt / {osl} output tokens on average, {load}; "
         f"points: {shown}{sampled}",
     ]

@@ -22,6 +22,7 @@ from tuner.errors import ArtifactError, ConfigError
 HOURS_PER_MONTH = 730.0  # 365 x 24 / 12
 CAPACITY_DIR = "capacity"
 CAPACITY_FILE = "capacity.json"
+CPU = "CPU"  # a CPU server's billing unit (a GPU server's is its GPU model)
 
 
 def check_target(target_rps: float, headroom: float) -> None:
@@ -48,6 +49,19 @@ class Price:
 
     per_hour: float  # NaN: no price known
     basis: str  # e.g. "2 x H200 at $3.79/GPU-hour"
+    count: int = 0  # the GPUs (or CPUs) one server is billed for; 0: no price
+    unit: str = ""  # what one of them is: "H200", "CPU"
+    rate: float = math.nan  # USD per hour of one of them
+
+    def basis_for(self, servers: int) -> str:
+        """What ``servers`` servers are billed for: every GPU the line prices, not one
+        server's ("4 x H200" for 2 replicas of TP 2)."""
+        if self.count <= 0 or not math.isfinite(self.rate):
+            return self.basis
+        n = self.count * servers
+        if self.unit == CPU:
+            return f"{n} CPU{'s' * (n != 1)} at ${self.rate:g}/CPU-hour"
+        return f"{n} x {self.unit} at ${self.rate:g}/GPU-hour"
 
 
 def server_price(cost: CostConfig, device: str, gpu: str, devices: int, cpus: int) -> Price:
@@ -57,10 +71,12 @@ def server_price(cost: CostConfig, device: str, gpu: str, devices: int, cpus: in
         if key is None:
             return Price(math.nan, f"no price for {gpu or 'this GPU'} in cost.gpu_hour")
         rate = cost.gpu_hour[key]
-        return Price(rate * devices, f"{devices} x {key} at ${rate:g}/GPU-hour")
+        basis = f"{devices} x {key} at ${rate:g}/GPU-hour"
+        return Price(rate * devices, basis, devices, key, rate)
     count = cost.cpus or cpus or os.cpu_count() or 1
     plural = "s" if count != 1 else ""
-    return Price(cost.cpu_hour * count, f"{count} CPU{plural} at ${cost.cpu_hour:g}/CPU-hour")
+    basis = f"{count} CPU{plural} at ${cost.cpu_hour:g}/CPU-hour"
+    return Price(cost.cpu_hour * count, basis, count, CPU, cost.cpu_hour)
 
 
 @dataclass(frozen=True)
@@ -101,7 +117,8 @@ def size(
     replicas = max(1, math.ceil(target_rps * (1 + headroom) / rate_per_replica - 1e-9))
     gpus = replicas * devices
     monthly = price.per_hour * replicas * HOURS_PER_MONTH
-    return Sizing(target_rps, headroom, rate_per_replica, replicas, gpus, monthly, price.basis)
+    basis = price.basis_for(replicas)  # the whole deployment, as the cost it explains
+    return Sizing(target_rps, headroom, rate_per_replica, replicas, gpus, monthly, basis)
 
 
 @dataclass

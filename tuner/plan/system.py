@@ -1,19 +1,19 @@
 """Which GPU system and model an estimate is for: AIConfigurator's names, resolved offline.
 
 The system comes from ``plan.system`` or from the GPUs NVML sees; the model from a local folder
-with a ``config.json``, the Hugging Face cache, or the model configs AIConfigurator ships. Nothing
-is downloaded: AIConfigurator would fetch an unknown hub id, so an unknown one stops here.
+with a ``config.json``, the Hugging Face cache, or the model configs AIConfigurator ships
+(:mod:`tuner.plan.models`). Nothing is downloaded: AIConfigurator would fetch an unknown hub id,
+so an unknown one stops here.
 """
 
 from __future__ import annotations
 
-import difflib
 import logging
-from pathlib import Path
 from types import ModuleType
 
 from tuner.config.plan import PlanConfig
 from tuner.errors import ConfigError
+from tuner.plan.models import ResolvedModel, resolve
 from tuner.telemetry import gpu_inventory
 
 BACKEND = "vllm"  # AIConfigurator's name for the serving framework it models
@@ -117,40 +117,19 @@ def gpu_name(system: str) -> str:
 
 def shipped_models() -> set[str]:
     aiconfigurator()
-    from aiconfigurator_core.sdk import common
+    from tuner.plan.models import shipped
 
-    return set(common.DefaultHFModels)
-
-
-def _cached_config(model: str) -> Path | None:
-    try:
-        from huggingface_hub import try_to_load_from_cache
-    except ImportError:
-        return None
-    found = try_to_load_from_cache(model, "config.json")
-    return Path(found).parent if isinstance(found, str) else None
+    return set(shipped())
 
 
 def resolve_model(model: str) -> str:
     """What AIConfigurator reads the architecture from: a local folder with a config.json, a
-    cached hub model's folder, or one of its shipped model ids. Never a download."""
-    path = Path(model).expanduser()
-    if path.is_dir():
-        if not (path / "config.json").is_file():
-            raise ConfigError(
-                f"model folder {path} has no config.json",
-                hint="the plan reads the model's architecture from it",
-            )
-        return str(path.resolve())
-    if model in shipped_models():
-        return model
-    cached = _cached_config(model) if model.count("/") == 1 else None
-    if cached is not None:
-        return str(cached)
-    close = difflib.get_close_matches(model, sorted(shipped_models()), n=3, cutoff=0.6)
-    hint = f"closest shipped: {', '.join(close)}" if close else "give a local folder"
-    raise ConfigError(
-        f"model {model!r} is neither a local folder with config.json nor a model "
-        "AIConfigurator ships a config for (no hub download)",
-        hint=f"{hint}; set plan.model=... (or server.model)",
-    )
+    cached hub model's folder, one of its shipped model ids, or the shipped config a deployed
+    name maps to (:mod:`tuner.plan.models`). Never a download."""
+    return resolve_model_source(model).target
+
+
+def resolve_model_source(model: str) -> ResolvedModel:
+    """:func:`resolve_model` with how the name was mapped, for a line that says so."""
+    aiconfigurator()
+    return resolve(model)

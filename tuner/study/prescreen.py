@@ -31,7 +31,9 @@ from tuner.config import TunerConfig
 from tuner.errors import TunerError
 from tuner.launch import LaunchSpec
 from tuner.outcome import REASON_INVALID_CONFIG, REASON_SCREENED, TrialOutcome
+from tuner.plan.baseline import baseline_fit
 from tuner.plan.command import Planner
+from tuner.plan.demand import over_host
 from tuner.plan.estimate import PointEstimate
 from tuner.plan.space import modelled
 from tuner.plan.table import TTFT_SLOPE, Anchor, PlannedPoint, Scale
@@ -92,15 +94,24 @@ class Prescreen:
         say: Progress,
         validator: ConfigValidator | None,
         planner: Planner | None = None,
+        host_gpus: int = 0,
     ) -> None:
         self.config = config
         self.evaluator = evaluator
         self.say = say
         self.validator = validator
         self.planner = planner
+        # The most GPUs one node offers a server (0: not known, or a CPU study): a candidate
+        # that needs more is screened unlaunched
+        self.host_gpus = host_gpus
+        # The estimator where it is available although study.prescreen is off: it only checks
+        # that the baseline fits (baseline_fit), and never screens or seeds a candidate
+        self.fit_planner: Planner | None = planner
 
     @classmethod
-    def open(cls, config: TunerConfig, evaluator: Evaluator, say: Progress) -> Prescreen:
+    def open(
+        cls, config: TunerConfig, evaluator: Evaluator, say: Progress, host_gpus: int = 0
+    ) -> Prescreen:
         """vLLM's config check (its worker starts importing vLLM now), and the estimator when
         study.prescreen is on (a ConfigError, exit 2, if it cannot estimate this study)."""
         planner = Planner(config) if config.study.prescreen else None  # may refuse: exit 2
@@ -109,7 +120,23 @@ class Prescreen:
             validator.warm()
         if planner is not None:
             say(f"prescreen: candidates are estimated on {planner.describe()} before launch")
-        return cls(config, evaluator, say, validator, planner)
+        screen = cls(config, evaluator, say, validator, planner, host_gpus)
+        screen.fit_planner = planner or Planner.available(config)  # silent where none is
+        if screen.fit_planner is not None and host_gpus:
+            screen.fit_planner.host_gpus = host_gpus  # the executor's count: seeds fit it too
+        return screen
+
+    def baseline_fits(self) -> None:
+        """With estimates, whether the fixed args fit their GPUs: one line naming the smallest
+        TP (and precision) that does, exit 2, before any launch; silent without estimates."""
+        if self.fit_planner is None:
+            return
+        try:
+            baseline_fit(self.fit_planner, self.host_gpus)
+        except TunerError:
+            if self.validator is not None:  # its warm worker would outlive the refusal
+                self.validator.close()
+            raise
 
     def preflight(self) -> None:
         """The fixed args as vLLM builds its config: one line and exit 2 if it refuses them."""
@@ -128,7 +155,7 @@ class Prescreen:
         """True when ``params`` must not launch; the trial is then told (infeasible)."""
         launch = search_space.to_launch(params, specs)
         started = time.monotonic()
-        why = self._invalid(launch) or self._screened(trial, params)
+        why = self._too_many_gpus(params) or self._invalid(launch) or self._screened(trial, params)
         if why is None:
             return False
         reason, message = why
@@ -144,6 +171,12 @@ class Prescreen:
         study.tell(trial, result.values)
         self.say(f"stage {stage.name}: trial {trial.number} not launched ({reason}): {message}")
         return True
+
+    def _too_many_gpus(self, params: dict[str, Any]) -> tuple[str, str] | None:
+        """A candidate whose TP x PP x DP exceeds the largest node's GPUs: it could never
+        start (vLLM fails, Ray waits forever), so it is screened without a launch."""
+        why = over_host(self.config, params, self.host_gpus)
+        return None if why is None else (REASON_SCREENED, why)
 
     def _invalid(self, launch: LaunchSpec) -> tuple[str, str] | None:
         if self.validator is None:

@@ -53,7 +53,9 @@ class Session:
         cfg = self.config
         # vLLM's engine-config check of the fixed args and of every candidate before its
         # launch (tuner.study.prescreen); its worker imports vLLM while the checks below run.
-        prescreen = Prescreen.open(cfg, self.runner.evaluator, self.runner.say)
+        gpus = self.device_count if cfg.server.device == "cuda" else 0
+        prescreen = Prescreen.open(cfg, self.runner.evaluator, self.runner.say, gpus)
+        prescreen.baseline_fits()  # seconds, where a baseline that cannot load costs minutes
         python = cfg.server.python or _sys_python()
         unknown = space_checks.unknown_params(cfg.search_space, vllm_flags(python))
         if unknown:
@@ -114,7 +116,8 @@ class Session:
                 )
             )
         lines.append(f"storage: {self.runner.storage_shown()}")
-        return "\n".join(lines)
+        wall = self.runner.launches.wall_line()
+        return "\n".join([*lines, wall] if wall else lines)
 
     def plan_text(self) -> str:
         """What `tuner run --dry-run` prints: the study, its stages and its launch budget."""
