@@ -144,9 +144,10 @@ Arm = tuple[StudyStrategy, Mapping[str, list[str]]]
 
 def estimated_on(config: TunerConfig, table: silicon.SiliconTable, land: GpuLandscape) -> None:
     """What the plan needs to estimate a silicon table's points (study.prescreen): its GPU
-    system and vLLM data, the architecture and precision of the measured checkpoint, and its
-    lengths; every user count of the table is a closed-loop user (a point's batch is then its
-    max_num_seqs, as it was measured)."""
+    system and vLLM data, the architecture of the measured checkpoint and the precision the
+    plan estimates it in (``SiliconTable.quantization``), and its lengths; every user count of
+    the table is a closed-loop user (a point's batch is then its max_num_seqs, as it was
+    measured)."""
     config.plan.system, config.plan.backend_version = table.system, estimated.VERSION
     config.plan.model = table.estimator_model
     if table.quantization:
