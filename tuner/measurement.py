@@ -118,7 +118,15 @@ class Measurements:
     # The token rate in WINDOW_SLICES equal consecutive parts of the window: how much of the
     # noise is inside one launch (tuner.study.noise.NoiseSplit). Empty without token times.
     window_slices: list[float] = field(default_factory=list)
+    # Requests sent later than scheduled by more than DISPATCH_LAG_WARN_S (an open loop or a
+    # trace replay): the client, not the server, set their arrival.
+    late_sends: int = 0
     warnings: list[str] = field(default_factory=list)
+    # The load generator behind this window: its processes and the token events per second
+    # they read (set by the trial; 0 where unknown). A window whose client could not keep up
+    # is measured again with more processes and never scored (tuner.loadgen.capacity).
+    client_processes: int = 0
+    client_events_s: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready nested dict (None for missing statistics, never NaN)."""
@@ -157,6 +165,7 @@ class Measurements:
             dispatch_lag_p99_s=_nan_if_none(self.dispatch_lag_p99_s),
             e2e_p99_adjusted_s=_nan_if_none(self.e2e_p99_adjusted_s),
             output_token_rate_tok_s=_nan_if_none(self.output_token_rate),
+            late_sends=float(self.late_sends),
         )
         # Every known kind always appears, so tables of several trials share their columns.
         for kind in sorted(set(ERROR_KINDS) | set(self.errors_by_kind)):
@@ -301,6 +310,19 @@ def token_rate(records: Sequence[RequestRecord], start: float, end: float) -> fl
     return total / (end - start) if timed else None
 
 
+def event_rate(records: Sequence[RequestRecord], start: float, end: float) -> float | None:
+    """Token-bearing SSE events the client read in ``[start, end)`` per second, over every
+    request (what one load-generator process pays for, one parse each); None without any."""
+    total, timed = 0, False
+    for r in records:
+        if r.ttft_s is None:
+            continue
+        times = r.sent_at + r.ttft_s + np.concatenate(([0.0], np.cumsum(r.itl_s)))
+        total += int(np.count_nonzero((times >= start) & (times < end)))
+        timed = True
+    return total / (end - start) if timed and end > start else None
+
+
 def window_slices(
     records: Sequence[RequestRecord], start: float, end: float, n: int = WINDOW_SLICES
 ) -> list[float]:
@@ -351,9 +373,11 @@ def _warnings(
         out.append("no completed requests")
     out.extend(_sample_size_warnings(stats))
     if lag_p99 is not None and lag_p99 > DISPATCH_LAG_WARN_S:
+        late = _late_sends(sample.started)
         out.append(
-            f"client dispatch lag P99 {lag_p99 * 1e3:.1f} ms: the load generator sent later "
-            "than scheduled, so the offered load was lower than configured"
+            f"client dispatch lag P99 {lag_p99 * 1e3:.1f} ms ({late} of {len(sample.started)} "
+            f"requests sent > {DISPATCH_LAG_WARN_S * 1e3:.0f} ms late): the load generator sent "
+            "later than scheduled, so the offered load was lower than configured"
         )
     no_usage = sum(1 for r in sample.done if r.output_tokens is None)
     if no_usage:
@@ -362,6 +386,10 @@ def _warnings(
     if hollow:
         out.append(f"{hollow} requests marked ok have no e2e_s; counted as stream errors")
     return out
+
+
+def _late_sends(started: list[RequestRecord]) -> int:
+    return sum(1 for r in started if r.sent_at - r.scheduled_at > DISPATCH_LAG_WARN_S)
 
 
 def measure(
@@ -407,5 +435,6 @@ def measure(
         e2e_p99_adjusted_s=_adjusted_e2e_p99(sample, timeout_s),
         output_token_rate=token_rate(records, window_start, window_end),
         window_slices=window_slices(records, window_start, window_end),
+        late_sends=_late_sends(sample.started),
         warnings=_warnings(sample, stats, lag_p99, window_s),
     )

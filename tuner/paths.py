@@ -17,6 +17,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +25,19 @@ from pathlib import Path
 from tuner.errors import ArtifactError
 
 _SAFE = re.compile(r"[^A-Za-z0-9_.-]+")
+
+
+def user_cache_dir() -> Path:
+    """$TUNER_CACHE_DIR, else $XDG_CACHE_HOME/tuner, else ~/.cache/tuner: what tuner keeps per
+    host and user, across studies."""
+    if os.environ.get("TUNER_CACHE_DIR"):
+        return Path(os.environ["TUNER_CACHE_DIR"])
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "tuner"
+
+
+def client_capacity_file() -> Path:
+    """The load generator's measured SSE-event capacity per host (tuner.loadgen.capacity)."""
+    return user_cache_dir() / "client-capacity.json"
 
 
 def safe_name(text: str) -> str:

@@ -8,6 +8,7 @@ reason and the log tail), never an exception that kills a study. Only an interru
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import signal
 import threading
@@ -18,9 +19,12 @@ from dataclasses import replace
 from tuner.config import TunerConfig
 from tuner.errors import LoadGenError, ServerError
 from tuner.host import placement
+from tuner.launch import LaunchSpec
 from tuner.loadgen import LoadResult, Target, get_load_generator
+from tuner.loadgen import capacity as client_capacity
+from tuner.loadgen.capacity import REASON_CLIENT_SATURATED
 from tuner.loadgen.workload import build_plan
-from tuner.measurement import Measurements, measure, span_means
+from tuner.measurement import Measurements, event_rate, measure, span_means
 from tuner.outcome import (
     REASON_LOADGEN,
     REASON_NO_COMPLETED,
@@ -32,13 +36,16 @@ from tuner.paths import TrialPaths
 from tuner.quality import run_quality_set
 from tuner.records import RequestRecord, read_records
 from tuner.schema import TrialStatus
-from tuner.server import LaunchSpec, ServerBackend, ServerInfo, make_backend
+from tuner.server import ServerBackend, ServerInfo, make_backend
 from tuner.server.base import REASON_DIED_DURING_LOAD
 from tuner.telemetry import Telemetry, TelemetrySummary
 from tuner.telemetry.metrics import client_lag_warning, over_server
 from tuner.telemetry.nvml import visible_entries
 
 DEVICE_ORDER_ENV = "CUDA_DEVICE_ORDER"
+# A window whose client could not keep up is measured again at most this often, with more
+# processes each time; a trial still short after that measured its client and fails.
+MAX_CLIENT_RERUNS = 2
 
 Progress = Callable[[str], None]
 
@@ -76,12 +83,13 @@ def run_trial(
     config = with_device_order(config)
     place = placement.for_trial(config, launch.env)
     launch = replace(launch, cpus=list(place.server) if place.server else None)
+    rerun = _ClientRerun(config, launch, place)
     server = make_backend(config.server, launch, paths.server_log)
     outcome = TrialOutcome(trial_id, TrialStatus.FAILED, server.argv(), launch)
     outcome.folder = str(paths.root)
     outcome.placement = TrialPlacement(place.server, place.client)
     try:
-        _run_phases(config, server, place, paths, outcome, clock, progress)
+        _run_phases(config, server, rerun, paths, outcome, clock, progress)
     except ServerError as exc:
         outcome.fail(exc.reason, exc.one_line(), exc.log_tail)
     except LoadGenError as exc:
@@ -98,13 +106,13 @@ def run_trial(
 def _run_phases(
     config: TunerConfig,
     server: ServerBackend,
-    place: placement.Placement,
+    rerun: _ClientRerun,
     paths: TrialPaths,
     outcome: TrialOutcome,
     clock: _Clock,
     progress: Progress,
 ) -> None:
-    progress(f"starting server ({place.describe()})")
+    progress(f"starting server ({rerun.place.describe()})")
     planner = _plan_ahead(config)
     with clock.phase("startup"):
         server.start()
@@ -113,8 +121,14 @@ def _run_phases(
     outcome.placement.server_read_back = placement.tree_cpus(info.pid)
     progress(_ready_line(info))
     planner.join()  # done long before a server is ready; a wait here shows as unaccounted
-    result, summary, client_cpus = _load(config, server, info, place.client, paths, clock, progress)
-    outcome.placement.client_read_back = client_cpus
+    result, summary, records = rerun.load(server, info, paths, clock, progress)
+    config = rerun.config  # with the processes of the window that counts
+    outcome.placement.client = rerun.place.client
+    outcome.placement.client_read_back = rerun.client_cpus
+    if rerun.short_by is not None:  # still short after the re-runs: measured the client
+        outcome.telemetry = summary
+        outcome.fail(REASON_CLIENT_SATURATED, rerun.short_line())
+        return
     if config.quality.enabled:  # after the window: never part of the measurement
         progress("quality set: greedy answers for the quality gate")
         with clock.phase("quality"):
@@ -122,12 +136,14 @@ def _run_phases(
         outcome.quality = outputs.summary()
         server.check_alive()
     with clock.phase("analysis"):
-        records = list(read_records(result.records_path))  # read twice: window, clock check
         m = measure(
             records, result.window_start, result.window_end, config.slo,
             timeout_s=config.workload.request_timeout_s,
         )  # fmt: skip
         _compare_clocks(m, records, summary, config.telemetry.client_lag_ratio)
+    m.client_processes = config.workload.processes
+    m.client_events_s = event_rate(records, result.window_start, result.window_end)
+    m.warnings.extend(rerun.notes)
     outcome.measurements = m
     outcome.window = Window(result.window_start, result.window_end)
     outcome.telemetry = summary
@@ -136,6 +152,68 @@ def _run_phases(
         outcome.fail(REASON_NO_COMPLETED, f"no request completed in the window ({errors})")
         return
     outcome.status = TrialStatus.OK
+
+
+class _ClientRerun:
+    """The load phase, run again with more client processes while its client could not keep
+    up (:func:`tuner.loadgen.capacity.after_window`): a window that measured the client is
+    set aside (its folder renamed) and never scored. The server stays up between windows."""
+
+    def __init__(self, config: TunerConfig, launch: LaunchSpec, place: placement.Placement):
+        self.config, self.launch, self.place = config, launch, place
+        self.client_cpus: list[int] = []
+        self.notes: list[str] = []
+        self.short_by: int | None = None  # processes a last window still lacked
+        self.events_s = 0.0
+
+    def load(
+        self, server: ServerBackend, info: ServerInfo, paths: TrialPaths, clock: _Clock,
+        progress: Progress,
+    ) -> tuple[LoadResult, TelemetrySummary, list[RequestRecord]]:  # fmt: skip
+        capacity = client_capacity.load()  # never probed here: the server is up
+        for attempt in range(MAX_CLIENT_RERUNS + 1):
+            result, summary, self.client_cpus = _load(
+                self.config, server, info, self.place.client, paths, clock, progress
+            )
+            records = list(read_records(result.records_path))  # read twice: window, clocks
+            processes = self.config.workload.processes
+            self.events_s = event_rate(records, result.window_start, result.window_end) or 0.0
+            per_core = capacity.events_per_s if capacity else math.inf
+            self.short_by = client_capacity.after_window(
+                processes, self.events_s, per_core, summary.client_saturated
+            )
+            if self.short_by is None or attempt == MAX_CLIENT_RERUNS:
+                return result, summary, records
+            self._widen(paths, attempt + 1, progress)
+        raise AssertionError("unreachable")
+
+    def _widen(self, paths: TrialPaths, attempt: int, progress: Progress) -> None:
+        assert self.short_by is not None
+        before = self.config.workload.processes
+        aside = paths.root / f"{paths.loadgen_dir.name}-client-bound-{attempt}"
+        with contextlib.suppress(OSError):
+            os.replace(paths.loadgen_dir, aside)
+            os.replace(paths.requests, aside / paths.requests.name)
+        line = (
+            f"the client carried {self.events_s:,.0f} events/s on {before} process"
+            f"{'es' if before != 1 else ''} and could not keep up: window set aside "
+            f"({aside.name}), measured again with {self.short_by} processes"
+        )
+        progress(line)
+        self.notes.append(line)
+        workload = replace(self.config.workload, processes=self.short_by)
+        self.config = replace(self.config, workload=workload)
+        if self.config.placement.client_cpus == placement.AUTO:  # the new count's share
+            self.place = placement.Placement(
+                self.place.server, placement.for_trial(self.config, self.launch.env).client
+            )
+
+    def short_line(self) -> str:
+        return (
+            f"the client could not keep up after {MAX_CLIENT_RERUNS} re-runs "
+            f"({self.events_s:,.0f} events/s on {self.config.workload.processes} processes, "
+            f"{self.short_by} needed): the window measured the client, not the server"
+        )
 
 
 def _compare_clocks(

@@ -25,7 +25,7 @@ from tuner.config.workload import WorkloadConfig
 from tuner.errors import ArtifactError, LoadGenError
 from tuner.host.process import reap, spawn
 from tuner.loadgen.base import LoadResult, Target, register_load_generator
-from tuner.loadgen.workload import build_plan, write_plan
+from tuner.loadgen.workload import PlannedRequest, build_plan, write_plan
 from tuner.records import PHASE_MEASURE, PHASE_WARMUP, RequestRecord, read_records, write_records
 
 LOCUSTFILE = Path(__file__).with_name("locustfile.py")
@@ -97,7 +97,7 @@ class LocustLoadGenerator:
 
     def _prepare(self, target: Target, workload: WorkloadConfig, out_dir: Path) -> Path:
         """Write the plan and the spec; clear what an earlier run in this folder left."""
-        plan = build_plan(workload, target.tokenizer)
+        plan = self.plan(target, workload)
         try:
             out_dir.mkdir(parents=True, exist_ok=True)
             for old in out_dir.glob(f"{RECORDS_PREFIX}-*"):
@@ -111,6 +111,10 @@ class LocustLoadGenerator:
                 hint="check that the trial folder is writable and the disk is not full",
             ) from exc
         return spec_path
+
+    def plan(self, target: Target, workload: WorkloadConfig) -> list[PlannedRequest]:
+        """The requests to send: the workload's plan, with the target's tokenizer."""
+        return build_plan(workload, target.tokenizer)
 
     def spec(self, target: Target, workload: WorkloadConfig, out_dir: Path) -> dict[str, Any]:
         """The settings the locustfile reads (TUNER_LOADGEN_SPEC)."""

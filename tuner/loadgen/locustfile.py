@@ -24,6 +24,7 @@ import itertools
 import json
 import os
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -269,6 +270,15 @@ class ClosedLoopUser(_ServerUser):
             gevent.sleep(REFUSED_BACKOFF_S)
 
 
+def _gaps() -> Iterator[float]:
+    """The open loop's inter-arrival gaps: a trace's own send times when the plan has them
+    (the schedule ends with the trace), else drawn from the rate and burstiness."""
+    if PLAN and PLAN[0].get("arrival_s") is not None:
+        times = [0.0] + [float(e["arrival_s"]) for e in PLAN]
+        return iter([b - a for a, b in itertools.pairwise(times)])
+    return arrival_gaps(SPEC["rate"], SPEC["burstiness"], SPEC["seed"] * 1000)
+
+
 class OpenLoopUser(_ServerUser):
     """The dispatcher of one process: a greenlet per arrival, so a slow server cannot lower the
     offered load. ``scheduled_at`` vs ``sent_at`` shows a lagging client."""
@@ -286,7 +296,7 @@ class OpenLoopUser(_ServerUser):
         (every ``processes``-th arrival), each with the plan entry of its arrival number."""
         state, share = _state(), SPEC["processes"]
         limit = SPEC["max_requests"] or None
-        gaps = arrival_gaps(SPEC["rate"], SPEC["burstiness"], SPEC["seed"] * 1000)
+        gaps = _gaps()
         group = Group()
         t_sched, measured = state.t0_perf, 0
         for arrival, gap in enumerate(gaps):

@@ -9,8 +9,10 @@ its BOS token or chat template on top, and reports the true count in ``usage.pro
 
 Length distributions draw from the range they name, limited to ``[low, high]``: ``uniform``
 without ``std`` is every integer of ``[low, high]`` equally likely, with ``std`` it spans
-mean ± √3·std; ``normal`` and ``lognormal`` have the asked ``mean`` and ``std``; only ``fixed``
-is one length. Each draw comes from the workload's seed, so a plan is the same on every run.
+mean ± √3·std; ``normal`` and ``lognormal`` have the asked ``mean`` and ``std``; ``empirical``
+interpolates fitted quantiles; only ``fixed`` is one length. Each draw comes from the workload's
+seed, so a plan is the same on every run. A trace (``workload.trace``) is planned request by
+request instead, each with its send time (:mod:`tuner.traffic`).
 """
 
 from __future__ import annotations
@@ -26,6 +28,9 @@ import numpy as np
 
 from tuner.config.workload import LengthDist, RequestClass, WorkloadConfig
 from tuner.errors import ConfigError
+from tuner.traffic.fit import empirical_draws
+from tuner.traffic.prompts import prompt_texts, shared_prefix_blocks
+from tuner.traffic.replay import replay_requests
 
 MIN_PLAN_SIZE = 512
 MAX_PLAN_SIZE = 8192  # ~1 ms per prompt to synthesize; plans are memoized per process
@@ -50,6 +55,7 @@ class PlannedRequest:
     prompt_tokens_target: int
     prompt: str | None = None
     messages: list[dict[str, str]] | None = None
+    arrival_s: float | None = None  # a trace's: its send time from the start (open loop)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), separators=(",", ":"))
@@ -70,6 +76,8 @@ def sample_lengths(dist: LengthDist, n: int, rng: np.random.Generator) -> np.nda
         values = _uniform(dist, n, rng)
     elif dist.kind == "normal":
         values = rng.normal(dist.mean, dist.std, n)
+    elif dist.kind == "empirical":  # fitted quantiles (tuner workload fit)
+        values = empirical_draws(dist.quantiles, n, rng)
     else:  # lognormal, the last kind validate() accepts
         # Solve for the underlying normal so the lognormal itself has the asked mean and std.
         sigma2 = math.log1p((dist.std / dist.mean) ** 2)
@@ -250,10 +258,29 @@ def synthesize_plan(workload: WorkloadConfig, tokenizer: Any, size: int) -> list
     """``size`` random-prompt requests, classes by weight, lengths from each class's dists."""
     which, prompt_len, output_len = plan_lengths(workload, size)
     synth = PromptSynthesizer(tokenizer, _rng(workload.seed, _STREAM_PROMPTS))
+    blocks = shared_prefix_blocks(workload.prefix, size, workload.seed)
+    texts = prompt_texts(synth, prompt_len.tolist(), blocks, workload.seed)
     return [
-        _planned(workload.classes[k], synth.make(int(p)), int(o), int(p))
-        for k, p, o in zip(which.tolist(), prompt_len, output_len, strict=True)
+        _planned(workload.classes[k], text, int(o), int(p))
+        for k, text, p, o in zip(which.tolist(), texts, prompt_len, output_len, strict=True)
     ]
+
+
+def trace_plan(workload: WorkloadConfig, tokenizer_path: str) -> list[PlannedRequest]:
+    """The trace's requests in arrival order, each with its send time and exact lengths."""
+    requests = replay_requests(workload, tokenizer_path)
+    tokenizer = load_tokenizer(tokenizer_path)
+    synth = PromptSynthesizer(tokenizer, _rng(workload.seed, _STREAM_PROMPTS))
+    lengths = [r.prompt_tokens for r in requests]
+    texts = prompt_texts(synth, lengths, [r.blocks for r in requests], workload.seed)
+    api = workload.trace.api if workload.trace else "completions"
+    rc = RequestClass(name="trace", api=api)
+    plan = []
+    for r, text in zip(requests, texts, strict=True):
+        planned = _planned(rc, text, r.output_tokens, r.prompt_tokens)
+        planned.arrival_s = r.arrival_s
+        plan.append(planned)
+    return plan
 
 
 def _row_class(
@@ -293,8 +320,15 @@ def build_plan(
     """The deterministic request plan for ``workload`` (dataset rows, or synthesized prompts)."""
     if workload.dataset:  # read afresh: the file may have changed
         return dataset_plan(workload, load_tokenizer(tokenizer_path))
+    if workload.trace is not None:
+        replay_s = workload.warmup_s + workload.window_s
+        key = repr((workload.trace, workload.prefix, workload.seed, replay_s, tokenizer_path))
+        if key not in _PLAN_CACHE:
+            _PLAN_CACHE.clear()
+            _PLAN_CACHE[key] = trace_plan(workload, tokenizer_path)
+        return list(_PLAN_CACHE[key])
     size = size or plan_size(workload)
-    key = repr((workload.classes, workload.seed, tokenizer_path, size))
+    key = repr((workload.classes, workload.prefix, workload.seed, tokenizer_path, size))
     if key not in _PLAN_CACHE:  # trials of one study share a workload: synthesize it once
         _PLAN_CACHE.clear()
         _PLAN_CACHE[key] = synthesize_plan(workload, load_tokenizer(tokenizer_path), size)

@@ -25,6 +25,7 @@ from tuner.config import TunerConfig
 from tuner.errors import StudyFailedError
 from tuner.executor import DEVICES_ATTR, Executor, TrialJob, TrialResult, demand_of
 from tuner.launch import LaunchSpec
+from tuner.loadgen import capacity as client_capacity
 from tuner.paths import StudyPaths
 from tuner.schema import TrialAttr, TrialStatus
 from tuner.search import space as search_space
@@ -97,14 +98,20 @@ class Flights:
         """Submit ``trial`` (asked already) to the executor, under a storage heartbeat."""
         launch = self.launch_of(want.params)
         name = f"{want.label}-{trial.number}"
+        prefix = f"[{want.label} #{trial.number}]"
+        # The client's processes carry the trial's expected token events (the plan's estimate)
+        config = client_capacity.for_job(
+            self.config, {**self.config.server.args, **launch.args}, trial.user_attrs,
+            lambda line: self.say(f"{prefix} {line}"),
+        )  # fmt: skip
         job = TrialJob(
             key=f"{trial.study.study_name}#{trial.number}",
             trial_id=name,
-            config=self.config,
+            config=config,
             launch=launch,
             folder=self.paths.trial(name).root,
-            prefix=f"[{want.label} #{trial.number}]",
-            demand=demand_of(self.config, launch),
+            prefix=prefix,
+            demand=demand_of(config, launch),
         )
         beat = Heartbeat(self.storage, trial_id(self.storage, trial.study, trial.number))
         flight = Flight(want, trial, launch, job, beat.__enter__())
