@@ -7,16 +7,21 @@ Part of the typed configuration (:mod:`tuner.config` re-exports these classes);
 
 from __future__ import annotations
 
+import itertools
 import os
 from dataclasses import dataclass, field
 
 from tuner.errors import ConfigError
 
+LENGTH_KINDS = ("fixed", "uniform", "normal", "lognormal", "empirical")
+
 
 @dataclass
 class LengthDist:
-    """A token-length distribution. kind: fixed | uniform | normal | lognormal.
+    """A token-length distribution. kind: fixed | uniform | normal | lognormal | empirical.
 
+    ``empirical`` is a fitted one (``tuner workload fit``): ``quantiles`` are the lengths at
+    evenly spaced probabilities 0, 1/(n-1), ..., 1, drawn by interpolating between them.
     Every kind but ``fixed`` varies: ``uniform`` without ``std`` spans ``[low, high]`` (and its
     ``mean`` must be their midpoint), with ``std`` it spans mean ± √3·std; ``normal`` and
     ``lognormal`` need ``std > 0``. Draws are limited to ``[low, high]``.
@@ -27,19 +32,30 @@ class LengthDist:
     std: float = 0.0
     low: int = 1
     high: int = 1_000_000
+    quantiles: list[float] = field(default_factory=list)  # kind empirical only
 
     def validate(self, where: str) -> None:
-        if self.kind not in ("fixed", "uniform", "normal", "lognormal"):
+        if self.kind not in LENGTH_KINDS:
             raise ConfigError(
                 f"{where}.kind={self.kind!r} is unknown",
-                hint="use one of fixed, uniform, normal, lognormal",
+                hint=f"use one of {', '.join(LENGTH_KINDS)}",
             )
+        if self.kind == "empirical":
+            self._validate_quantiles(where)
         if self.mean < 1 or self.low < 1 or self.high < self.low or self.std < 0:
             raise ConfigError(f"{where}: need mean >= 1, 1 <= low <= high, std >= 0")
         if not self.low <= self.mean <= self.high:
             # the lengths are limited to [low, high], so their mean could never be the asked one
             raise ConfigError(f"{where}: mean={self.mean:g} is outside [{self.low}, {self.high}]")
         self._validate_spread(where)
+
+    def _validate_quantiles(self, where: str) -> None:
+        q = self.quantiles
+        if len(q) < 2 or q[0] < 1 or any(b < a for a, b in itertools.pairwise(q)):
+            raise ConfigError(
+                f"{where}: kind=empirical needs >= 2 quantiles, >= 1 and non-decreasing",
+                hint="write it with `tuner workload fit`, or list lengths at even probabilities",
+            )
 
     def _validate_spread(self, where: str) -> None:
         """Refuse a declared distribution that could never vary, or whose range and mean
@@ -70,6 +86,66 @@ class RequestClass:
 
 
 @dataclass
+class TraceConfig:
+    """A trace replayed open loop by its timestamps (``workload=trace``).
+
+    The replay sends the requests of ``[start_s, start_s + duration_s)`` of the trace, its clock
+    divided by ``rate_scale`` (2 = twice as fast); without ``duration_s`` it replays what the
+    warm-up and window last. Prompts longer than ``max_model_len`` allows (with their output)
+    are shortened and counted; unset, the model's ``max_position_embeddings`` is the cap.
+    """
+
+    path: str = ""
+    layout: str = "auto"  # auto (by the columns) | azure | burstgpt | mooncake | plain
+    start_s: float = 0.0
+    duration_s: float | None = None
+    rate_scale: float = 1.0
+    max_model_len: int | None = None
+    api: str = "completions"  # completions | chat
+    block_tokens: int = 512  # tokens per prefix block (Mooncake's hash_ids)
+
+    def validate(self) -> None:
+        if not self.path:
+            raise ConfigError(
+                "workload.trace.path is empty", hint="give a trace file (CSV or JSONL)"
+            )
+        if not os.path.isfile(self.path):
+            raise ConfigError(
+                f"workload.trace.path {self.path!r} is not a file",
+                hint="give a CSV or JSONL trace; a relative path starts where tuner runs",
+            )
+        if self.rate_scale <= 0:
+            raise ConfigError(
+                f"workload.trace.rate_scale must be > 0, got {self.rate_scale:g}",
+                hint="2 replays the trace twice as fast, 0.5 half as fast",
+            )
+        if self.start_s < 0 or (self.duration_s is not None and self.duration_s <= 0):
+            raise ConfigError("workload.trace: start_s must be >= 0 and duration_s > 0")
+        if self.api not in ("completions", "chat") or self.block_tokens < 1:
+            raise ConfigError("workload.trace: api must be completions|chat, block_tokens >= 1")
+        if self.max_model_len is not None and self.max_model_len < 16:
+            raise ConfigError(f"workload.trace.max_model_len={self.max_model_len} is too small")
+
+
+@dataclass
+class PrefixConfig:
+    """How requests share a prefix: a ``share`` of them open with one of ``prompts`` system
+    prompts of ``tokens`` tokens (chosen evenly), the rest with none. The prefix counts in the
+    request's prompt length; a prompt shorter than it gets the prefix's start."""
+
+    share: float = 0.0
+    prompts: int = 1
+    tokens: int = 512
+
+    def validate(self) -> None:
+        if not 0.0 <= self.share <= 1.0 or self.prompts < 1 or self.tokens < 1:
+            raise ConfigError(
+                "workload.prefix: need 0 <= share <= 1, prompts >= 1 and tokens >= 1, got "
+                f"share={self.share:g}, prompts={self.prompts}, tokens={self.tokens}"
+            )
+
+
+@dataclass
 class WorkloadConfig:
     """The traffic a trial offers: mix, arrivals, warm-up, window, timeouts."""
 
@@ -86,6 +162,8 @@ class WorkloadConfig:
     dataset: str | None = None  # JSONL of {"prompt": ..., "max_tokens": ...}
     processes: int = 1
     seed: int = 0
+    trace: TraceConfig | None = None  # replay this trace open loop (mode must be open)
+    prefix: PrefixConfig = field(default_factory=PrefixConfig)
 
     def validate(self) -> None:
         if self.mode not in ("closed", "open"):
@@ -109,6 +187,14 @@ class WorkloadConfig:
             rc.output_tokens.validate(f"workload.classes[{i}].output_tokens")
         if self.processes < 1:
             raise ConfigError(f"workload.processes must be >= 1, got {self.processes}")
+        self.prefix.validate()
+        if self.trace is not None:
+            self.trace.validate()
+            if self.mode != "open" or self.dataset:
+                raise ConfigError(
+                    "workload.trace is replayed open loop by its timestamps",
+                    hint="set workload.mode=open and leave workload.dataset unset",
+                )
         if self.dataset and not os.path.isfile(self.dataset):
             raise ConfigError(
                 f"workload.dataset {self.dataset!r} is not a file",

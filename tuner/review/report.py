@@ -95,6 +95,8 @@ def _row(review: Review, view: TrialView, pareto: set[str], reusers: list[str]) 
         "failure_message": a.get("failure_message") or "",
         "bottleneck": diag.bottleneck,
         "bottleneck_evidence": "; ".join(diag.evidence),
+        # vLLM's own prefix-cache hits over queries in the trial (None: no cache or no query)
+        "prefix_cache_hit_rate": view.telemetry.get("metrics", {}).get("prefix_cache_hit_rate"),
         "duration_s": view.trial.duration.total_seconds() if view.trial.duration else None,
         "folder": a.get("folder") or "",
     }

@@ -1,0 +1,136 @@
+"""A trace as the request plan: send times, exact prompt lengths with the real tokenizer, forced
+outputs, the cap; shared prefixes (system prompts, Mooncake hash ids) as identical text."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tuner.config.workload import PrefixConfig, TraceConfig, WorkloadConfig
+from tuner.errors import ConfigError
+from tuner.loadgen import workload as wl
+from tuner.traffic.trace import SPECIAL_TOKENS_RESERVE
+
+SAMPLE = str(
+    Path(__file__).parents[2] / "conf" / "workload" / "traces" / "azure_code_2023_sample.csv"
+)
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_model: Path) -> Any:
+    return wl.load_tokenizer(str(tiny_model))
+
+
+def _text(p: wl.PlannedRequest) -> str:
+    text = p.prompt if p.messages is None else p.messages[0]["content"]
+    assert text is not None
+    return text
+
+
+def _ids(tokenizer: Any, p: wl.PlannedRequest) -> list[int]:
+    return list(tokenizer.encode(_text(p), add_special_tokens=False))
+
+
+def _trace_workload(path: Path, **trace: Any) -> WorkloadConfig:
+    workload = WorkloadConfig(
+        mode="open", warmup_s=1, window_s=9, trace=TraceConfig(str(path), **trace)
+    )
+    workload.validate()
+    return workload
+
+
+def test_a_trace_plan_has_its_send_times_and_exact_lengths(
+    tmp_path: Path, tiny_model: Path, tokenizer: Any
+) -> None:
+    path = tmp_path / "t.csv"
+    path.write_text(
+        "arrival_s,prompt_tokens,output_tokens\n0,9,9\n100,40,5\n100.5,3000,7\n103,12,9\n200,8,8\n"
+    )
+    workload = _trace_workload(path, start_s=100, rate_scale=2, max_model_len=1024)
+    plan = wl.build_plan(workload, str(tiny_model))
+    # the window is [100, 100 + 10 s x 2) of the trace's clock (0 at its first request)
+    assert [p.arrival_s for p in plan] == [0.0, 0.25, 1.5]
+    assert [p.max_tokens for p in plan] == [5, 7, 9]
+    capped = 1024 - SPECIAL_TOKENS_RESERVE - 7
+    assert [p.prompt_tokens_target for p in plan] == [40, capped, 12]
+    assert [len(_ids(tokenizer, p)) for p in plan] == [40, capped, 12]
+    assert json.loads(plan[0].to_json())["arrival_s"] == 0.0
+
+
+def test_mooncake_hash_ids_replay_as_identical_prefix_blocks(
+    tmp_path: Path, tiny_model: Path, tokenizer: Any
+) -> None:
+    path = tmp_path / "m.jsonl"
+    rows = [
+        {"timestamp": 0, "input_length": 70, "output_length": 4, "hash_ids": [1, 2, 3]},
+        {"timestamp": 100, "input_length": 50, "output_length": 4, "hash_ids": [1, 2, 9]},
+        {"timestamp": 200, "input_length": 40, "output_length": 4, "hash_ids": [7, 8]},
+    ]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    plan = wl.build_plan(_trace_workload(path, block_tokens=16), str(tiny_model))
+    a, b, c = (_ids(tokenizer, p) for p in plan)
+    assert (len(a), len(b), len(c)) == (70, 50, 40)
+    assert a[:32] == b[:32]  # blocks 1 and 2 are the same tokens
+    assert a[32:48] != b[32:48] and a[:16] != c[:16]
+    assert _text(plan[1]).startswith(tokenizer.decode(a[:32]))
+
+
+def test_a_share_of_requests_opens_with_one_of_k_system_prompts(
+    tiny_model: Path, tokenizer: Any
+) -> None:
+    workload = WorkloadConfig(prefix=PrefixConfig(share=0.8, prompts=2, tokens=24))
+    workload.classes[0].prompt_tokens.mean = 40
+    workload.validate()
+    plan = wl.synthesize_plan(workload, tokenizer, 200)
+    heads = [tuple(_ids(tokenizer, p)[:24]) for p in plan]
+    assert all(len(_ids(tokenizer, p)) == 40 for p in plan)
+    counts = sorted((heads.count(h) for h in set(heads)), reverse=True)
+    assert len(counts) > 3  # the others have heads of their own
+    shared = counts[0] + counts[1]
+    assert 0.7 * 200 <= shared <= 0.9 * 200
+    assert counts[1] >= 0.3 * 200  # both prompts are used
+    assert counts[2] == 1
+
+
+def test_no_prefix_share_keeps_the_synthetic_plan_as_it_was(tokenizer: Any) -> None:
+    workload = WorkloadConfig()
+    a = wl.synthesize_plan(workload, tokenizer, 20)
+    b = [
+        wl.PromptSynthesizer(tokenizer, wl._rng(0, 3)).make(int(p.prompt_tokens_target))
+        for p in a[:1]
+    ]
+    assert _text(a[0]) == b[0]
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"mode": "closed"}, "replayed open loop"),
+        ({"trace": TraceConfig(SAMPLE, rate_scale=0)}, "rate_scale must be > 0"),
+        ({"trace": TraceConfig("")}, "trace.path is empty"),
+        ({"trace": TraceConfig("no.csv")}, "trace.path 'no.csv' is not a file"),
+        ({"prefix": PrefixConfig(share=1.5)}, "workload.prefix"),
+    ],
+)
+def test_a_bad_trace_or_prefix_config_is_refused(change: dict[str, Any], message: str) -> None:
+    base: dict[str, Any] = {"mode": "open", "trace": TraceConfig(SAMPLE)}
+    with pytest.raises(ConfigError, match=message):
+        WorkloadConfig(**{**base, **change}).validate()
+
+
+def test_a_session_turn_opens_with_the_conversation_so_far(
+    tmp_path: Path, tiny_model: Path, tokenizer: Any
+) -> None:
+    path = tmp_path / "s.csv"
+    path.write_text(
+        "arrival_s,prompt_tokens,output_tokens,session_id\n0,20,6,a\n1,15,4,b\n5,40,6,a\n9,70,3,a\n"
+    )
+    plan = wl.build_plan(_trace_workload(path), str(tiny_model))
+    a1, b1, a2, a3 = (_ids(tokenizer, p) for p in plan)
+    assert [len(x) for x in (a1, b1, a2, a3)] == [20, 15, 40, 70]
+    assert a2[:20] == a1  # turn 2 carries turn 1's prompt, then a stand-in of its answer
+    assert a3[:40] == a2  # and turn 3 all of turn 2's prompt
+    assert a2[:5] != b1[:5]  # another session shares nothing
