@@ -22,8 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.layout import machine, results
-from tuner import read_cpuinfo
-from tuner.loadgen.probe import ProbeRun, run_probe
+from tuner import ProbeRun, read_cpuinfo, run_probe
 
 
 def _row(run: ProbeRun, users: int, round_: int) -> dict[str, Any]:

@@ -55,6 +55,17 @@ def _environ(proc: psutil.Process) -> str:
         return ""
 
 
+@pytest.fixture(autouse=True)
+def _own_environment() -> Iterator[None]:
+    """Each test starts with the environment the session had: a simulated host's set-up
+    (tuner.server.simulated) points the process's NVML at its devices, for the CLI's whole
+    run, and a test that composes one in-process must not hand that to the next test."""
+    saved = dict(os.environ)
+    yield
+    os.environ.clear()
+    os.environ.update(saved)
+
+
 @pytest.fixture
 def no_leftovers(tmp_path: Path) -> Iterator[None]:
     """Fails the test if it leaves a vLLM or Locust process of its tmp_path behind."""

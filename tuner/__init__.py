@@ -65,6 +65,8 @@ _OWNERS: dict[str, str] = {
     "LocustLoadGenerator": "tuner.loadgen",
     "Target": "tuner.loadgen",
     "build_plan": "tuner.loadgen.workload",
+    "ProbeRun": "tuner.loadgen.probe",
+    "run_probe": "tuner.loadgen.probe",
     "pin": "tuner.host.placement",
     "tree_cpus": "tuner.host.placement",
     "read_cpuinfo": "tuner.host.cpu",
@@ -127,6 +129,7 @@ __all__ = [
     "PlanPoint",
     "Planner",
     "Prescreen",
+    "ProbeRun",
     "Ratio",
     "RequestClass",
     "RequestRecord",
@@ -163,6 +166,7 @@ __all__ = [
     "register_constraint",
     "register_objective",
     "relative_violation",
+    "run_probe",
     "run_trial",
     "scrape",
     "stat_or_nan",
@@ -196,6 +200,7 @@ if TYPE_CHECKING:  # the same names, eagerly, for type checkers and IDEs
     from tuner.host.placement import pin, tree_cpus
     from tuner.launch import LaunchSpec
     from tuner.loadgen import LocustLoadGenerator, Target
+    from tuner.loadgen.probe import ProbeRun, run_probe
     from tuner.loadgen.workload import build_plan
     from tuner.measurement import Measurements, MetricStats, measure, token_rate, window_slices
     from tuner.outcome import TrialOutcome

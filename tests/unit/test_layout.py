@@ -35,7 +35,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("trial", "outcome"),
     ("server", "loadgen", "telemetry", "quality"),
     ("scoring",),
-    ("measurement", "search", "host"),
+    ("measurement", "search", "host", "traffic"),
     ("records", "launch", "paths", "redact", "schema"),
     ("config",),
     ("errors",),

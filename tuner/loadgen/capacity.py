@@ -35,6 +35,7 @@ from typing import Any
 from tuner.config import TunerConfig
 from tuner.errors import ArtifactError
 from tuner.host.cpu import read_cpuinfo
+from tuner.loadgen.probe import ClientCapacity, probe
 from tuner.paths import client_capacity_file
 from tuner.search.checks import devices_needed
 
@@ -48,23 +49,6 @@ OVER_CAPACITY = 1.0
 MAX_GROWTH = 4
 # A trial whose client still could not keep up after its re-runs: it measured the client.
 REASON_CLIENT_SATURATED = "client_saturated"
-
-
-@dataclass(frozen=True)
-class ClientCapacity:
-    """One measurement of one process's capacity on one host."""
-
-    events_per_s: float  # token events one process carries at a full core
-    carried_events_per_s: float = 0.0  # what it carried during the probe, at cpu_cores
-    cpu_cores: float = 0.0  # the process's mean CPU (of one core) during the probe
-    window_s: float = 0.0
-    measured_at: float = 0.0  # wall clock
-    host: str = ""
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> ClientCapacity:
-        known = set(cls.__dataclass_fields__)
-        return cls(**{k: v for k, v in data.items() if k in known})
 
 
 def tuner_version() -> str:
@@ -123,8 +107,6 @@ def measured(measure: Measure | None = None, say: Callable[[str], None] | None =
     if found is not None:
         return found.events_per_s
     if measure is None:
-        from tuner.loadgen.probe import probe  # starts a server and Locust: only when needed
-
         measure = probe
     if say is not None:
         say("measuring one load-generator process's SSE-event capacity on this host (once)")
@@ -232,8 +214,6 @@ def command(again: bool = False, say: Callable[[str], None] = print) -> int:
     """``tuner client-capacity``: the stored capacity of this host, or a new measurement."""
     found = None if again else load()
     if found is None:
-        from tuner.loadgen.probe import probe
-
         say("measuring one load-generator process against a local SSE server (seconds)")
         found = probe()
         store(found)

@@ -23,8 +23,10 @@ import socket
 import tempfile
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import psutil
@@ -32,11 +34,28 @@ import psutil
 from tuner.config.workload import LengthDist, RequestClass, WorkloadConfig
 from tuner.errors import LoadGenError
 from tuner.loadgen.base import Target
-from tuner.loadgen.capacity import ClientCapacity
 from tuner.loadgen.locust import LocustLoadGenerator
 from tuner.loadgen.workload import PlannedRequest, plan_size
 from tuner.measurement import event_rate
 from tuner.records import read_records
+
+
+@dataclass(frozen=True)
+class ClientCapacity:
+    """One measurement of one process's capacity on one host."""
+
+    events_per_s: float  # token events one process carries at a full core
+    carried_events_per_s: float = 0.0  # what it carried during the probe, at cpu_cores
+    cpu_cores: float = 0.0  # the process's mean CPU (of one core) during the probe
+    window_s: float = 0.0
+    measured_at: float = 0.0  # wall clock
+    host: str = ""
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> ClientCapacity:
+        known = set(cls.__dataclass_fields__)
+        return cls(**{k: v for k, v in data.items() if k in known})
+
 
 PROBE_MODEL = "probe"
 _TOKEN = {False: {"choices": [{"index": 0, "text": " tok", "finish_reason": None}]}}
