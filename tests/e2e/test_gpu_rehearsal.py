@@ -37,8 +37,8 @@ SHRUNK = [
     "study.trials_per_stage=2",
     "study.repeats=1",
     "study.baseline_measurements=1",
-    "workload.warmup_s=2",
-    "workload.window_s=4",
+    "workload.warmup_s=1",
+    "workload.window_s=3",
     "quality.enabled=false",
 ]
 SIMULATED = [
