@@ -13,6 +13,13 @@ regression caught in at least 9 of 10 checks is the detection figure:
     .venv/bin/python -m benchmarks.check_power        # → results/check_power/<machine>/
 
 Extra arguments are Hydra overrides for the study (the workload every check then replays).
+
+``--fake`` asks the question per objective, in minutes: what does the check catch of a
+regression of known size? A streaming fake (benchmarks/fake_openai.py) serves the evidence's
+windows, then is slowed by a known amount (benchmarks/check_power_fake.py says how) and the
+real `tuner check` runs ``--checks`` times against each setting:
+
+    .venv/bin/python -m benchmarks.check_power --fake  # → results/check_power/<machine>/fake/
 """
 
 from __future__ import annotations
@@ -150,8 +157,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--windows", type=int, default=3, help="windows per check")
     ap.add_argument("--baseline", type=int, default=3, help="the study's baseline windows")
     ap.add_argument("--out", type=Path, default=None, help="default: results/check_power/<m>")
+    ap.add_argument("--fake", action="store_true", help="regressions of known size, a fake server")
+    ap.add_argument("--max-windows", type=int, default=12, help="each check's budget (--fake)")
+    ap.add_argument("--min-gain", type=float, default=0.02, help="the evidence's (--fake)")
+    ap.add_argument("--warmup-s", type=float, default=1.0, help="each window's (--fake)")
+    ap.add_argument("--window-s", type=float, default=2.0, help="each window (--fake)")
+    ap.add_argument("--drift-sd", type=float, default=0.05, help="the fake host's (--fake)")
     ap.add_argument("overrides", nargs="*")
     args = ap.parse_args(argv)
+    if args.fake:
+        from benchmarks.check_power_fake import run
+
+        return run(args)
     seqs = [int(s) for s in args.levels.split(",")]
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="check-power-") as name:

@@ -65,6 +65,9 @@ _OWNERS: dict[str, str] = {
     "LocustLoadGenerator": "tuner.loadgen",
     "Target": "tuner.loadgen",
     "build_plan": "tuner.loadgen.workload",
+    "CheckEndpoint": "tuner.deployment.check_measure",
+    "measure_window": "tuner.deployment.check_measure",
+    "read_reference": "tuner.deployment.check_reference",
     "ProbeRun": "tuner.loadgen.probe",
     "run_probe": "tuner.loadgen.probe",
     "pin": "tuner.host.placement",
@@ -109,6 +112,7 @@ __all__ = [
     "NO_DATA_VIOLATION",
     "UNSET_SLO",
     "Agreement",
+    "CheckEndpoint",
     "Comparison",
     "ConfigError",
     "Constraint",
@@ -157,12 +161,14 @@ __all__ = [
     "histogram_means",
     "make_backend",
     "measure",
+    "measure_window",
     "meets",
     "over_server",
     "pin",
     "ratio_of",
     "read_cpuinfo",
     "read_records",
+    "read_reference",
     "register_constraint",
     "register_objective",
     "relative_violation",
@@ -194,6 +200,8 @@ if TYPE_CHECKING:  # the same names, eagerly, for type checkers and IDEs
     from tuner.composition import compose
     from tuner.config import NOISE_RULES, ParamSpec, SamplerConfig, SloConfig, TunerConfig
     from tuner.config.workload import LengthDist, RequestClass, WorkloadConfig
+    from tuner.deployment.check_measure import CheckEndpoint, measure_window
+    from tuner.deployment.check_reference import read_reference
     from tuner.deployment.compare import Ratio, Verdict, ratio_of, window_order
     from tuner.errors import ConfigError, TunerError
     from tuner.host.cpu import read_cpuinfo

@@ -240,12 +240,13 @@ def _client_cpus(text: str | None) -> tuple[int, ...] | None:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    """Measure a running deployment with its evidence's workload: 0 pass, 1 regression."""
+    """Measure a running deployment with its evidence's workload: 0 pass, 1 regression,
+    3 unresolved (no regression seen, but some objective could not resolve check.resolve)."""
     from tuner.deployment.check import CheckOptions, check_command
 
     options = CheckOptions(
         args.url, args.evidence, args.api_key_env, args.windows, args.out, args.wait_s,
-        args.tokenizer, _client_cpus(args.client_cpus),
+        args.tokenizer, _client_cpus(args.client_cpus), args.max_windows, args.resolve,
     )  # fmt: skip
     return check_command(options, say=_say)
 
@@ -256,7 +257,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
     options = CompareOptions(
         args.url_a, args.url_b, args.api_key_env, args.api_key_env_b, args.windows, args.out,
-        args.wait_s, _client_cpus(args.client_cpus),
+        args.wait_s, _client_cpus(args.client_cpus), args.max_windows,
     )  # fmt: skip
     return compare_command(compose(args.overrides, args.config_dir), options, say=_say)
 
@@ -264,6 +265,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
 def _add_endpoint_options(p: argparse.ArgumentParser, windows: int, out: str) -> None:
     p.add_argument("--api-key-env", default=None, help="the variable holding the API key")
     p.add_argument("--windows", type=int, default=windows, help=f"default: {windows}")
+    p.add_argument("--max-windows", type=int, default=12, help="to resolve check.resolve")
     p.add_argument("--out", type=Path, default=Path(out), help=f"reports; default: {out}")
     p.add_argument("--wait-s", type=float, default=30.0, help="for the endpoint to answer")
     p.add_argument("--client-cpus", default=None, help="pin the load generator, e.g. 1")
@@ -274,6 +276,7 @@ def _add_deployment(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     check.add_argument("--url", required=True, help="the deployment, e.g. http://host:8000")
     check.add_argument("--evidence", type=Path, required=True, help="export/evidence.json")
     check.add_argument("--tokenizer", type=Path, default=None, help="local copy of the model")
+    check.add_argument("--resolve", type=float, default=None, help="instead of check.resolve")
     _add_endpoint_options(check, 3, "tuner-check")
     check.set_defaults(func=cmd_check)
     compare = sub.add_parser("compare", help="two running endpoints, interleaved: B vs A")
@@ -284,6 +287,39 @@ def _add_deployment(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     compare.add_argument("--config-dir", type=Path, default=None, help="instead of conf/")
     _add_endpoint_options(compare, 4, "tuner-compare")
     compare.set_defaults(func=cmd_compare)
+
+
+def cmd_workload_fit(args: argparse.Namespace) -> int:
+    """Write a workload YAML fitted to a trace or a running vLLM's metrics; print its fidelity."""
+    from tuner.traffic.command import FitRequest, fit_command
+
+    keys = ("layout", "start_s", "duration_s", "rate_scale", "window_s", "max_model_len")
+    options = {k: getattr(args, k) for k in keys}
+    request = FitRequest(args.out, args.from_trace, args.from_metrics, **options)
+    return fit_command(request, say=_say)
+
+
+def _fit_error(message: str) -> None:
+    raise ConfigError(f"workload fit: {message}", hint="see `tuner workload fit --help`")
+
+
+def _add_workload(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    workload = sub.add_parser("workload", help="workloads from real traffic")
+    fit = workload.add_subparsers(dest="workload_command", required=True).add_parser(
+        "fit", help="a workload YAML fitted to a trace or a running vLLM's metrics"
+    )
+    fit.error = _fit_error  # type: ignore[method-assign,assignment]
+    source = fit.add_mutually_exclusive_group(required=True)
+    source.add_argument("--from-trace", type=Path, default=None, help="CSV or JSONL trace")
+    source.add_argument("--from-metrics", default=None, help="a vLLM server, http://host:8000")
+    fit.add_argument("--out", type=Path, default=Path("fitted_workload.yaml"), help="the YAML")
+    fit.add_argument("--layout", default=None, help="azure|burstgpt|mooncake|plain")
+    fit.add_argument("--start-s", type=float, default=0.0, help="trace window start")
+    fit.add_argument("--duration-s", type=float, default=None, help="trace window length")
+    fit.add_argument("--rate-scale", type=float, default=1.0, help="2 = twice as fast")
+    fit.add_argument("--window-s", type=float, default=60.0, help="between the two scrapes")
+    fit.add_argument("--max-model-len", type=int, default=None, help="cap lengths to this")
+    fit.set_defaults(func=cmd_workload_fit)
 
 
 def _add_common(p: argparse.ArgumentParser) -> None:
@@ -306,7 +342,18 @@ def build_parser() -> argparse.ArgumentParser:
     _add_review(sub)
     _add_planning(sub)
     _add_deployment(sub)
+    _add_workload(sub)
+    cap = sub.add_parser("client-capacity", help="SSE events/s one load-generator process carries")
+    cap.add_argument("--again", action="store_true", help="measure anew, replacing the stored one")
+    cap.set_defaults(func=cmd_client_capacity)
     return parser
+
+
+def cmd_client_capacity(args: argparse.Namespace) -> int:
+    """Measure (or show the stored) client capacity of this host."""
+    from tuner.loadgen import capacity
+
+    return capacity.command(again=args.again, say=_say)
 
 
 class _ArgumentParserError(ConfigError):

@@ -116,7 +116,8 @@ def deployment(start: StartCommand, cpu: int, folder: Path, **changes: Any) -> I
 def _check(url: str, export: Path, out: Path, client: int) -> int:
     return main(
         ["check", "--url", url, "--evidence", str(export / "evidence.json"), "--out", str(out),
-         "--api-key-env", KEY_ENV, "--windows", "1", "--client-cpus", str(client)]
+         "--api-key-env", KEY_ENV, "--windows", "1", "--max-windows", "4",
+         "--client-cpus", str(client)]
     )  # fmt: skip
 
 
@@ -131,6 +132,7 @@ def _compare(a: str, b: str, out: Path, client: tuple[int, ...]) -> dict[str, An
     pin = ["--client-cpus", format_cpus(client)] if client else []
     rc = main(
         ["compare", "--url-a", a, "--url-b", b, "--api-key-env", KEY_ENV, "--windows", "2",
+         "--max-windows", "4",
          "--out", str(out), *pin, *WORKLOAD, MIN_GAIN, f"server.model={TINY_MODEL}"]
     )  # fmt: skip
     report = json.loads((out / "compare.json").read_text())
@@ -152,7 +154,8 @@ def test_check_and_compare_against_real_deployments(
     assert start.env == {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
     first, second, rest = cpus
     with deployment(start, first, tmp_path / "a") as a:
-        assert _check(a, exported, tmp_path / "check-same", client=second) == 0
+        # no regression; 3 where four short windows on a shared VM cannot resolve 20 %
+        assert _check(a, exported, tmp_path / "check-same", client=second) in (0, 3)
         with deployment(start, second, tmp_path / "b", max_num_seqs=1) as worse:
             assert _check(worse, exported, tmp_path / "check-worse", client=first) == 1
             against_worse = _compare(a, worse, tmp_path / "compare-worse", rest)
@@ -162,6 +165,7 @@ def test_check_and_compare_against_real_deployments(
     report = json.loads((tmp_path / "check-worse" / "check.json").read_text())
     assert {r["name"]: r["verdict"] for r in report["rows"]}["output_throughput"] == "regression"
     assert against_worse["rc"] == 1 and against_worse["output_throughput"] == "B worse"
-    assert against_same == {"rc": 0, **dict.fromkeys(OBJECTIVES, "within noise")}
+    assert against_same["rc"] in (0, 3)  # 3: a change it could not resolve, none seen
+    assert {against_same[o] for o in OBJECTIVES} <= {"within noise", "unresolved"}
     leaked = [p for p in tmp_path.rglob("*.json") if KEY in p.read_text()]
     assert not leaked and os.environ[KEY_ENV] == KEY

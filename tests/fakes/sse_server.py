@@ -8,7 +8,8 @@ token (the last one with ``finish_reason``), a ``usage`` chunk when
 the server also records the delays it really achieved (:attr:`FakeServer.timings`).
 
 Fault injection (deterministic, by arrival order, 1-based): every ``fail_every``-th request gets
-503; every ``drop_every``-th request has its connection closed after ``drop_after`` tokens.
+503; every ``drop_every``-th request has its connection closed after ``drop_after`` tokens;
+every ``slow_every``-th request takes ``slow_factor`` times its delays (a tail of known size).
 
 Run standalone: ``python -m tests.fakes.sse_server --port 8123 --ttft 0.2 --itl 0.02``.
 """
@@ -41,6 +42,8 @@ class FakeConfig:
     drop_every: int = 0
     drop_after: int = 2
     keepalive_comments: bool = True  # send `: ping` lines, which clients must skip
+    slow_every: int = 0
+    slow_factor: float = 1.0
 
 
 @dataclass
@@ -69,6 +72,7 @@ def _sse(obj: Any) -> bytes:
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     server: _Server
+    scale = 1.0  # this request's delays over the configured ones (``slow_every``)
 
     def setup(self) -> None:
         super().setup()
@@ -143,6 +147,7 @@ class _Handler(BaseHTTPRequestHandler):
             self._error(404, f"The model `{body.get('model')}` does not exist.")
             return
         drop = bool(cfg.drop_every and n % cfg.drop_every == 0)
+        self.scale = cfg.slow_factor if cfg.slow_every and n % cfg.slow_every == 0 else 1.0
         try:
             with self.fake.running():
                 self._complete(body, arrival, drop, chat=self.path.endswith("chat/completions"))
@@ -154,7 +159,7 @@ class _Handler(BaseHTTPRequestHandler):
         n_out = int(body.get("max_tokens") or cfg.default_max_tokens)
         n_prompt = _prompt_tokens(body)
         if not body.get("stream"):
-            time.sleep(cfg.ttft_s + (n_out - 1) * cfg.itl_s)
+            time.sleep((cfg.ttft_s + (n_out - 1) * cfg.itl_s) * self.scale)
             text = " ".join(_WORDS[i % len(_WORDS)] for i in range(n_out))
             self._send_json(200, _full_response(body, chat, text, n_prompt, n_out))
             return
@@ -185,7 +190,7 @@ class _Handler(BaseHTTPRequestHandler):
                 self.connection.shutdown(socket.SHUT_RDWR)
                 self.close_connection = True
                 return False
-            delay = arrival + cfg.ttft_s + i * cfg.itl_s - time.perf_counter()
+            delay = arrival + (cfg.ttft_s + i * cfg.itl_s) * self.scale - time.perf_counter()
             if delay > 0:
                 time.sleep(delay)
             finish = "length" if i == n_out - 1 else None

@@ -13,10 +13,12 @@ import pytest
 import yaml
 
 from tests.fakes import stored_study as fake
-from tuner.review.evidence import build_evidence
+from tuner.config import CheckConfig
+from tuner.review.evidence import build_evidence, windows_line, windows_plan
 from tuner.review.stored import open_review
 from tuner.schema import baseline_study, confirm_study, stage_study
 from tuner.study.acceptance import Decision
+from tuner.study.noise import NoiseEstimate
 
 P = {"max_num_seqs": 32}  # the accepted configuration
 BASE = [[1.0, 1000.0, 0.020], [1.1, 900.0, 0.022]]  # two baseline windows
@@ -68,3 +70,31 @@ def test_the_check_block_holds_the_choices_windows_and_the_pooled_noise(tmp_path
     assert noise["df"] == 3 and noise["rel_sd"] == pytest.approx(math.sqrt(ss / 3))
     baseline = build_evidence(review, review.choice("baseline", 0)).data["check"]
     assert baseline["samples"]["output_throughput"] == [1000.0, 900.0, 950.0]
+
+
+def test_the_evidence_says_how_many_windows_it_holds_and_what_a_check_resolves_with_them(
+    tmp_path: Path,
+) -> None:
+    """One confirmation window of the winner and the study's noise over 3 df: a 12-window
+    check resolves 20 % with it; 10 % needs more windows of the winner, from the same rule."""
+    _study(tmp_path)
+    review = open_review("demo", None, tmp_path)
+    evidence = build_evidence(review, review.choice())
+    plan = evidence.data["check"]["windows"]["output_throughput"]
+    assert plan["recorded"] == 1 and plan["check_windows"] == 12 and plan["asked"] == 0.2
+    data = evidence.data["check"]["noise"]["output_throughput"]
+    noise = NoiseEstimate(data["rel_sd"], data["df"])
+    pooled = NoiseEstimate(noise.rel_sd, noise.df + 11)  # the check's 12 windows pool in
+    assert plan["resolves"] == pytest.approx(pooled.resolution(1, 12)) and plan["resolves"] < 0.2
+    assert (
+        plan["more_needed"] == 0 and evidence.data["check"]["resolve"]["output_throughput"] == 0.2
+    )
+    assert evidence.lines[-1].startswith("check: 1 windows of this config")
+    assert "study.repeats" not in evidence.lines[-1]
+    strict = windows_plan(noise, 1, CheckConfig(resolve=0.1), "output_throughput")
+    more = strict["more_needed"]
+    assert more > 0 and strict["resolves"] > 0.1
+    assert NoiseEstimate(noise.rel_sd, noise.df + 11 + more).resolution(1 + more, 12) <= 0.1
+    assert NoiseEstimate(noise.rel_sd, noise.df + 10 + more).resolution(more, 12) > 0.1
+    line = windows_line({"output_throughput": strict})
+    assert f"needs {more} more windows for 10%" in line and "study.repeats" in line

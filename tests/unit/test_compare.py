@@ -10,7 +10,15 @@ import math
 import numpy as np
 import pytest
 
-from tuner.deployment.compare import BETTER, SAME, WORSE, ratio_of, window_order
+from tuner.deployment.compare import (
+    BETTER,
+    SAME,
+    UNRESOLVED,
+    WORSE,
+    more_rounds,
+    ratio_of,
+    window_order,
+)
 from tuner.study.noise import NoiseEstimate
 
 
@@ -34,16 +42,21 @@ def test_the_decision_is_the_acceptance_rule_both_ways(
 ) -> None:
     a = [1000.0, 1010.0, 990.0, 1003.0]
     r = ratio_of("x", direction, a, b, 0.02)
-    assert r.decision == decision
+    assert r.decision == decision and r.resolution < 0.2
     assert r.ratio == pytest.approx(np.mean(b) / np.mean(a))
     assert r.low < r.ratio < r.high and r.noise_df == 6
     # The interval leaves out 1 exactly when the rule decides.
     assert (r.low > 1 or r.high < 1) == (decision != SAME)
 
 
-def test_a_wide_interval_is_within_noise_even_when_the_means_differ() -> None:
+def test_a_wide_interval_is_unresolved_not_the_same_and_says_what_would_resolve_it() -> None:
     r = ratio_of("x", "maximize", [1000.0, 1300.0], [1200.0, 1500.0], 0.02)
-    assert r.ratio > 1.1 and r.low < 1.0 and r.decision == SAME
+    assert r.ratio > 1.1 and r.low < 1.0 and r.decision == UNRESOLVED
+    assert r.resolution > 0.2 and r.needs is not None
+    assert r.label == f"unresolved (needs {r.needs} more windows of each)"
+    grown = NoiseEstimate(r.noise_rel_sd, r.noise_df + 2 * r.needs)
+    assert grown.resolution(2 + r.needs, 2 + r.needs) <= 0.2
+    assert more_rounds([r], 2, 2 + r.needs) == r.needs and more_rounds([r], 2, 1 + r.needs) == 0
 
 
 def test_the_interval_is_the_rules_threshold_as_a_factor() -> None:
@@ -56,4 +69,4 @@ def test_the_interval_is_the_rules_threshold_as_a_factor() -> None:
 
 def test_missing_values_give_no_decision() -> None:
     r = ratio_of("x", "maximize", [100.0, math.nan], [100.0, 101.0], 0.02)
-    assert r.decision == SAME and math.isnan(r.ratio)
+    assert r.decision == UNRESOLVED and math.isnan(r.ratio)

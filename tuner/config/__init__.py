@@ -335,6 +335,34 @@ class QualityConfig:
 
 
 @dataclass
+class CheckConfig:
+    """What `tuner check`, `tuner compare` and a stage's decision must be able to see.
+
+    ``resolve`` is the smallest relative change of an objective a verdict must detect (at the
+    study's confidence, with 80 % power) before it may read PASS; ``resolves`` overrides it per
+    objective. A verdict that cannot reads UNRESOLVED with the windows it would need.
+    """
+
+    resolve: float = 0.20
+    resolves: dict[str, float] = field(default_factory=dict)
+    max_windows: int = 12  # `tuner check`'s budget (--max-windows): what export plans for
+
+    def validate(self) -> None:
+        named = {f"check.resolves.{k}": v for k, v in self.resolves.items()}
+        for name, value in {"check.resolve": self.resolve, **named}.items():
+            if not 0 < value < 1:
+                raise ConfigError(
+                    f"{name} must be a fraction in (0, 1), got {value!r}",
+                    hint="e.g. check.resolve=0.2: detect a 20 % change",
+                )
+        if self.max_windows < 1:
+            raise ConfigError(f"check.max_windows must be >= 1, got {self.max_windows}")
+
+    def target(self, objective: str) -> float:
+        return self.resolves.get(objective, self.resolve)
+
+
+@dataclass
 class TunerConfig:
     """The root of the composed configuration."""
 
@@ -353,6 +381,7 @@ class TunerConfig:
     quality: QualityConfig = field(default_factory=QualityConfig)
     plan: PlanConfig = field(default_factory=PlanConfig)
     ray: RayConfig = field(default_factory=RayConfig)
+    check: CheckConfig = field(default_factory=CheckConfig)
 
     def __post_init__(self) -> None:
         # OmegaConf keeps dict[str, dict[str, ParamSpec]] untyped below the first level, so the
@@ -370,6 +399,7 @@ class TunerConfig:
         self.quality.validate()
         self.telemetry.validate()
         self.plan.validate()
+        self.check.validate()
         self.study.validate(sorted(self.search_space))
 
 

@@ -5,15 +5,24 @@ that `tuner export` wrote, runs that evidence's workload against the endpoint th
 load generator and measurement as a trial (tuner/deployment/check_measure.py), starting nothing,
 and judges each objective and SLO:
 
-- an objective *regressed* when the study's acceptance rule (tuner/study/acceptance.py
-  ``decide``) would accept the evidence's measurements as better than the deployment's: the
-  difference beats the study's pooled noise of that objective and the study's ``min_gain``,
-  the deployment counting as one launch (``_deployment_side`` says why);
+- an objective *regressed* when the study's acceptance threshold (tuner/study/noise.py, the
+  rule of tuner/study/acceptance.py) on log(value) says the evidence is better than the
+  deployment: the difference beats the study's pooled noise of that objective, with this
+  check's own windows pooled in (``_deployment_side`` says why), and the study's ``min_gain``;
+- every objective row states its *resolution*: the smallest change it would detect at the
+  study's confidence with 80 % power (``NoiseEstimate.resolution``). A row that neither
+  regressed nor improved and cannot resolve the evidence's ``check.resolve`` (20 % unless the
+  study set it) reads UNRESOLVED with the windows it would need, never PASS: a PASS that could
+  not have seen a doubled P99 would tell the user there is no regression;
 - an SLO fails when the deployment misses it on the mean of its windows.
 
-Exit codes: 0 every row passed, 1 a regression or a missed SLO, 2 bad input. The verdict table
-is printed; ``check.json`` and ``junit.xml`` (for CI systems) are written to ``--out``, with
-the API key and other secrets redacted.
+The check measures ``--windows`` windows, then more while an unresolved row could be resolved
+within ``--max-windows``.
+
+Exit codes: 0 every row passed, 1 a regression or a missed SLO, 2 bad input, 3 no failure but
+some objective unresolved. The verdict table is printed; ``check.json`` and ``junit.xml`` (for
+CI systems, an unresolved row as skipped) are written to ``--out``, with the API key and other
+secrets redacted.
 """
 
 from __future__ import annotations
@@ -42,12 +51,11 @@ from tuner.deployment.junit import Case, junit_xml, write_text
 from tuner.errors import ConfigError
 from tuner.measurement import Measurements
 from tuner.redact import Redactor
-from tuner.study.acceptance import Comparison, decide
 from tuner.study.noise import NoiseEstimate
 
-PASS, BETTER, REGRESSION = "pass", "better", "regression"
+PASS, BETTER, REGRESSION, UNRESOLVED = "pass", "better", "regression", "unresolved"
 MET, VIOLATED = "met", "violated"
-EXIT_PASS, EXIT_REGRESSION = 0, 1
+EXIT_PASS, EXIT_REGRESSION, EXIT_UNRESOLVED = 0, 1, 3
 
 
 @dataclass(frozen=True)
@@ -55,11 +63,13 @@ class CheckOptions:
     url: str
     evidence: Path
     api_key_env: str | None = None
-    windows: int = 3
+    windows: int = 3  # measured first
     out: Path = Path("tuner-check")
     wait_s: float = 30.0  # how long an endpoint may take to answer before it counts as down
     tokenizer: Path | None = None
     client_cpus: tuple[int, ...] | None = None
+    max_windows: int = 12  # the budget: more windows only while they resolve a row
+    resolve: float | None = None  # overrides the evidence's check.resolve for every objective
 
 
 @dataclass(frozen=True)
@@ -74,10 +84,24 @@ class Row:
     allowed: float | None  # the largest change in the worse direction that is not a regression
     verdict: str
     detail: str
+    resolution: float | None = None  # the smallest change this row detects (objectives)
+    needs: int | None = None  # more windows that would resolve it (None: none would, here)
 
     @property
     def failed(self) -> bool:
         return self.verdict in (REGRESSION, VIOLATED)
+
+    @property
+    def unresolved(self) -> bool:
+        return self.verdict == UNRESOLVED
+
+    @property
+    def label(self) -> str:
+        if not self.unresolved:
+            return self.verdict.upper()
+        if self.needs is None:
+            return "UNRESOLVED (more windows here cannot resolve it)"
+        return f"UNRESOLVED (needs {self.needs} more windows)"
 
 
 @dataclass
@@ -93,9 +117,21 @@ class CheckResult:
     def passed(self) -> bool:
         return not any(r.failed for r in self.rows)
 
+    @property
+    def exit_code(self) -> int:
+        if not self.passed:
+            return EXIT_REGRESSION
+        return EXIT_UNRESOLVED if any(r.unresolved for r in self.rows) else EXIT_PASS
+
+    @property
+    def verdict(self) -> str:
+        return {EXIT_PASS: PASS, EXIT_REGRESSION: "fail", EXIT_UNRESOLVED: UNRESOLVED}[
+            self.exit_code
+        ]
+
     def to_dict(self) -> dict[str, Any]:
         return {
-            "verdict": PASS if self.passed else "fail",
+            "verdict": self.verdict,
             "url": self.url,
             "evidence": str(self.reference.path),
             "study": self.reference.study,
@@ -118,39 +154,65 @@ def objective_row(
     measured: Sequence[float],
     prior: NoiseEstimate,
     min_gain: float,
+    resolve: float = 0.2,
 ) -> Row:
-    """The acceptance rule asked whether the evidence beats the deployment (a regression) or
-    the deployment beats the evidence (better); neither is a pass."""
+    """The acceptance threshold asked whether the evidence beats the deployment (a regression) or
+    the deployment beats the evidence (better); neither is a pass only where the row resolves
+    ``resolve``, else it is unresolved, with the windows that would resolve it."""
     dep = float(np.mean(measured)) if measured else math.nan
     if not reference:
-        return Row("objective", name, None, dep, None, None, PASS, "no value in the evidence")
+        why = "no value in the evidence: export the study again"
+        return Row("objective", name, None, dep, None, None, UNRESOLVED, why)
     ref = float(np.mean(reference))
     if not measured or not finite(measured):
         return Row("objective", name, ref, None, None, None, REGRESSION, "no value measured")
     side, pooled, noise = _deployment_side(measured, prior)
 
-    def beats(better: Sequence[float], worse: Sequence[float]) -> Any:
-        return decide(Comparison("check", name, direction, worse, better, True, min_gain, True,
-                                 pooled))  # fmt: skip
+    # On log(value), where the noise is measured: the study's rule scales its threshold by the
+    # deployment's mean, which past a noise of ~50 % allows any rise (a +255 % tail passed).
+    h = max(pooled.threshold(len(reference), len(side), 1.0), math.log1p(min_gain))
+    shift = math.log(dep / ref) * (1 if direction == "maximize" else -1)  # > 0: better
+    worse, better = shift < -h, shift > h
+    resolution = pooled.resolution(len(reference), len(side))
+    needs = pooled.more_windows(len(reference), len(side), resolve)
+    if pooled.df < 1 and len(side) == 1:  # a second window is what makes the noise known
+        needs = 1
+    verdict = PASS if resolution <= resolve else UNRESOLVED
+    if worse or better:  # a change seen is seen, resolved or not
+        verdict = REGRESSION if worse else BETTER
+    detail = (
+        f"{direction}; {len(reference)} evidence windows, {len(measured)} measured; {noise}; "
+        f"resolves {_resolution_text(resolution)} (asked {_share(resolve)})"
+    )
+    if verdict == UNRESOLVED:
+        detail += f"; {_needs_text(pooled, len(reference), len(side), resolve, needs)}"
+    allowed = 1 - math.exp(-h) if direction == "maximize" else math.expm1(h)
+    change = dep / ref - 1 if ref else None
+    shown = None if math.isinf(resolution) else resolution
+    return Row("objective", name, ref, dep, change, allowed, verdict, detail, shown, needs)
 
-    worse, better = beats(reference, side), beats(side, reference)
-    verdict = REGRESSION if worse.accepted else BETTER if better.accepted else PASS
-    detail = f"{direction}; {len(reference)} evidence windows, {len(measured)} measured; {noise}"
-    allowed = _allowed(direction, pooled.threshold(len(reference), len(side), 1.0), min_gain)
-    return Row("objective", name, ref, dep, dep / ref - 1 if ref else None, allowed, verdict,
-               detail)  # fmt: skip
+
+def _resolution_text(resolution: float) -> str:
+    return "nothing (noise unknown)" if math.isinf(resolution) else _share(resolution)
 
 
-def _allowed(direction: str, noise: float, min_gain: float) -> float | None:
-    """The largest change from the evidence, in the worse direction, that is not a regression.
+def _share(value: float) -> str:
+    return f"{value:.0%}" if value >= 0.01 else f"{value:.2%}"
 
-    The rule scales its threshold ``h`` by the deployment's own mean: a regression is
-    ``evidence - deployment > h * deployment``, a drop beyond h/(1+h) of the evidence (a rise
-    beyond h/(1-h) for an objective to minimise; with h >= 1 no rise is beyond the noise)."""
-    h = max(noise, min_gain)
-    if direction == "maximize":
-        return h / (1 + h)
-    return h / (1 - h) if h < 1 else None
+
+def _needs_text(
+    noise: NoiseEstimate, n_ref: int, n_dep: int, resolve: float, needs: int | None
+) -> str:
+    """What would resolve the row: more windows here, or more in the evidence too."""
+    if noise.df < 1:
+        return "noise unknown: measure at least 2 windows"
+    if needs is not None:
+        return f"needs {needs} more windows (--max-windows)"
+    both = noise.more_windows(n_ref, n_dep, resolve, both=True)
+    return (
+        f"the evidence's {n_ref} windows cannot: needs {both} more on each side "
+        "(export the study again to record more)"
+    )
 
 
 def _deployment_side(
@@ -158,28 +220,38 @@ def _deployment_side(
 ) -> tuple[list[float], NoiseEstimate, str]:
     """The deployment's values as the rule sees them, the noise, and how it was known.
 
-    The study's windows each came from a launch of their own, so its noise holds what differs
-    between launches; the deployment is one launch, and its windows cannot average that part
-    away. So it counts as one measurement (the mean of its windows) against the study's noise:
-    conservative, since its window-to-window part does shrink. Without a study noise (nothing
-    was measured twice) only this check's own windows say anything: pooled, and said so."""
-    if prior.df > 0:
-        return [float(np.mean(measured))], prior, f"study noise {prior.rel_sd:.1%} ({prior.df} df)"
-    own = pooled_with(prior, measured)
-    if own.df == 0:
-        return list(measured), own, "noise unknown: min_gain alone"
-    return list(measured), own, f"noise of this check's windows only {own.rel_sd:.1%}"
+    The check judges this running deployment as it is: a launch that came up slow is a slow
+    deployment, not noise to forgive. So its windows are repeats of one configuration, as the
+    study pools its own: each counts, and their spread joins the study's pooled noise (its
+    degrees of freedom too), which a few study windows alone can get far too small. Without
+    any noise known only min_gain judges."""
+    own = NoiseEstimate.of(measured)
+    pooled = pooled_with(prior, measured)
+    if pooled.df == 0:
+        return list(measured), pooled, "noise unknown: min_gain alone"
+    text = f"noise {pooled.rel_sd:.1%} ({prior.df} study + {own.df} check df)"
+    return list(measured), pooled, text
 
 
-def verdict_rows(reference: Reference, windows: Sequence[Measurements]) -> list[Row]:
+def verdict_rows(
+    reference: Reference, windows: Sequence[Measurements], resolve: float | None = None
+) -> list[Row]:
+    """Every objective's and set SLO's row; ``resolve`` overrides the evidence's targets."""
     rows = []
     scoring = reference.scoring
     values = [scoring.values(m) for m in windows]
     for name, direction in scoring.objectives.items():
         rows.append(
-            objective_row(name, direction, reference.samples.get(name, []),
-                          [v[name] for v in values], reference.noise[name], reference.min_gain)
-        )  # fmt: skip
+            objective_row(
+                name,
+                direction,
+                reference.samples.get(name, []),
+                [v[name] for v in values],
+                reference.noise[name],
+                reference.min_gain,
+                resolve if resolve is not None else reference.resolve_of(name),
+            )
+        )
     for name, violation in scoring.violations(windows).items():
         verdict = MET if violation <= 0 else VIOLATED
         detail = f"mean over {len(windows)} windows {violation:+.1%} of its limit (<= 0 met)"
@@ -187,27 +259,55 @@ def verdict_rows(reference: Reference, windows: Sequence[Measurements]) -> list[
     return rows
 
 
-def run_check(options: CheckOptions, say: Say) -> CheckResult:
-    """Measure the endpoint ``options.windows`` times and judge it against the evidence."""
+def check_options(options: CheckOptions) -> None:
+    """Bad input as one ConfigError line, before anything is measured."""
     check_http_url(options.url, "--url")
     if options.windows < 1:
         raise ConfigError(f"--windows must be >= 1, got {options.windows}")
+    if options.max_windows < 1:
+        raise ConfigError(f"--max-windows must be >= 1, got {options.max_windows}")
+    if options.windows > options.max_windows:
+        raise ConfigError(
+            f"--windows {options.windows} is more than --max-windows {options.max_windows}"
+        )
+    if options.resolve is not None and not 0 < options.resolve < 1:
+        raise ConfigError(
+            f"--resolve must be a fraction in (0, 1), got {options.resolve}",
+            hint="e.g. --resolve 0.2: detect a 20 % change",
+        )
+
+
+def more_windows(rows: Sequence[Row], measured: int, budget: int) -> int:
+    """How many more windows resolve every unresolved row that the budget can resolve (0 when
+    none can: more windows would be spent without changing a verdict)."""
+    within = [r.needs for r in rows if r.unresolved and r.needs and measured + r.needs <= budget]
+    return max(within, default=0)
+
+
+def run_check(options: CheckOptions, say: Say) -> CheckResult:
+    """Measure the endpoint ``options.windows`` times, then while more windows (within
+    ``options.max_windows``) would resolve a row, and judge it against the evidence."""
+    check_options(options)
     reference = read_reference(options.evidence)
     api_key = api_key_from(options.api_key_env)
     tokenizer = tokenizer_for(reference, options.tokenizer)
     endpoint = open_endpoint(options.url, api_key, reference.model_names, options.wait_s)
     started, wl = time.monotonic(), reference.workload
-    windows = []
-    for i in range(options.windows):
-        say(
-            f"window {i + 1}/{options.windows}: warm-up {wl.warmup_s:g} s, window {wl.window_s:g} s"
-        )
+    windows: list[Measurements] = []
+    planned, rows = options.windows, []
+    while len(windows) < planned:
+        i = len(windows)
+        say(f"window {i + 1}/{planned}: warm-up {wl.warmup_s:g} s, window {wl.window_s:g} s")
         out = options.out / "windows" / str(i + 1)
         m = measure_window(endpoint, tokenizer, wl, reference.slo, out, options.client_cpus)
         say(f"window {i + 1}: {m.completed} requests, {m.output_throughput:.0f} output tok/s")
         windows.append(m)
-    return CheckResult(reference, endpoint.url, windows, verdict_rows(reference, windows),
-                       time.monotonic() - started)  # fmt: skip
+        rows = verdict_rows(reference, windows, options.resolve)
+        if len(windows) == planned and (more := more_windows(rows, planned, options.max_windows)):
+            planned += more
+            names = ", ".join(r.name for r in rows if r.unresolved)
+            say(f"{names} unresolved: {more} more windows (--max-windows {options.max_windows})")
+    return CheckResult(reference, endpoint.url, windows, rows, time.monotonic() - started)
 
 
 def _pct(value: float | None, sign: str = "") -> str:
@@ -218,18 +318,25 @@ def table(result: CheckResult) -> str:
     ref = result.reference
     lines = [
         f"tuner check of {result.url} against {ref.study}: {ref.choice}",
-        f"  {'':<4}{'name':<26}{'evidence':>12}{'measured':>12}{'change':>9}{'allowed':>9}  "
-        "verdict",
+        f"  {'':<4}{'name':<26}{'evidence':>12}{'measured':>12}{'change':>9}{'allowed':>9}"
+        f"{'resolves':>9}  verdict",
     ]
     for r in result.rows:
         worse = "-" if ref.scoring.objectives.get(r.name) == "maximize" else "+"
         measured = _pct(r.measured) if r.kind == "slo" else _num(r.measured)
         lines.append(
             f"  {r.kind[:3]:<4}{r.name:<26}{_num(r.reference):>12}{measured:>12}"
-            f"{_pct(r.change):>9}{_pct(r.allowed, worse):>9}  {r.verdict.upper()}"
+            f"{_pct(r.change):>9}{_pct(r.allowed, worse):>9}{_pct(r.resolution, '±'):>9}  "
+            f"{r.label}"
         )
     failed = [r.name for r in result.rows if r.failed]
-    lines.append(f"verdict: {'FAIL: ' + ', '.join(failed) if failed else 'PASS'}")
+    unresolved = [r.name for r in result.rows if r.unresolved]
+    if failed:
+        lines.append(f"verdict: FAIL: {', '.join(failed)}")
+    elif unresolved:
+        lines.append(f"verdict: UNRESOLVED: {', '.join(unresolved)} (no regression seen)")
+    else:
+        lines.append("verdict: PASS")
     return "\n".join(lines)
 
 
@@ -239,7 +346,10 @@ def _num(value: float | None) -> str:
 
 def write_outputs(result: CheckResult, out: Path, redactor: Redactor) -> dict[str, str]:
     """check.json and junit.xml, redacted; returns their paths."""
-    cases = [Case(f"{r.kind} {r.name}", f"{r.verdict}: {r.detail}", r.failed) for r in result.rows]
+    cases = [
+        Case(f"{r.kind} {r.name}", f"{r.label}: {r.detail}", r.failed, r.unresolved)
+        for r in result.rows
+    ]
     suite = f"tuner check {result.reference.study}"
     report = junit_xml(suite, cases, result.seconds, redactor.text)
     data = json.dumps(result.to_dict(), indent=2, default=str)
@@ -251,11 +361,11 @@ def write_outputs(result: CheckResult, out: Path, redactor: Redactor) -> dict[st
 
 
 def check_command(options: CheckOptions, say: Say) -> int:
-    """Run the check, print the table, write the reports; 0 pass, 1 regression."""
+    """Run the check, print the table, write the reports; 0 pass, 1 regression, 3 unresolved."""
     api_key = api_key_from(options.api_key_env)
     redactor = Redactor([*Redactor.for_environment().secrets, *([api_key] if api_key else [])])
     result = run_check(options, say)
     result.paths = write_outputs(result, options.out, redactor)
     print(redactor.text(table(result)))
     print(f"reports: {result.paths['json']} {result.paths['junit']}")
-    return EXIT_PASS if result.passed else EXIT_REGRESSION
+    return result.exit_code

@@ -161,3 +161,6 @@ def pooled_with(prior: NoiseEstimate, values: Sequence[float]) -> NoiseEstimate:
 
 def finite(values: Iterable[float]) -> bool:
     return all(math.isfinite(v) for v in values)
+
+
+CheckEndpoint = Endpoint  # its name in tuner's public API

@@ -11,16 +11,24 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from tuner.config import CostConfig, SloConfig
-from tuner.config.workload import LengthDist, RequestClass, WorkloadConfig
+from tuner.config import CheckConfig, CostConfig, SloConfig
+from tuner.config.workload import (
+    LengthDist,
+    PrefixConfig,
+    RequestClass,
+    TraceConfig,
+    WorkloadConfig,
+)
 from tuner.deployment.check_measure import Scoring
 from tuner.errors import ConfigError
 from tuner.scoring.objective import ObjectiveContext
 from tuner.study.noise import NoiseEstimate
+
+DEFAULT_RESOLVE = CheckConfig().resolve
 
 
 @dataclass(frozen=True)
@@ -39,6 +47,12 @@ class Reference:
     samples: dict[str, list[float]]  # objective -> its values over the configuration's windows
     noise: dict[str, NoiseEstimate]  # objective -> the study's pooled noise of it
     min_gain: float
+    resolve: dict[str, float] = field(default_factory=dict)  # objective -> check.resolve
+
+    def resolve_of(self, objective: str) -> float:
+        """The smallest change of ``objective`` a verdict must resolve (the study's
+        check.resolve; 20 % in evidence written before it was recorded)."""
+        return self.resolve.get(objective, DEFAULT_RESOLVE)
 
     @property
     def model_names(self) -> list[str]:
@@ -66,6 +80,10 @@ def workload_from(data: Any, where: str = "evidence workload") -> WorkloadConfig
         rc.output_tokens = _typed(LengthDist, raw.get("output_tokens") or {}, f"{where}[{i}]")
         classes.append(rc)
     wl.classes = classes
+    # the nested settings arrive as mappings: typed here, or their defaults where absent
+    wl.prefix = _typed(PrefixConfig, data.get("prefix") or {}, f"{where}.prefix")
+    trace = data.get("trace")
+    wl.trace = None if trace is None else _typed(TraceConfig, trace, f"{where}.trace")
     wl.validate()
     return wl
 
@@ -94,7 +112,8 @@ def read_reference(path: Path) -> Reference:
     cost: CostConfig = _typed(CostConfig, check.get("cost") or {}, "evidence cost")
     context = ObjectiveContext(
         cost=cost, slo=slo, device=str(check.get("device") or "cpu"),
-        cpus=int(check.get("cpus") or 0),
+        cpus=int(check.get("cpus") or 0), gpus_used=int(check.get("gpus") or 0),
+        gpu_model=str(check.get("gpu_model") or ""),
     )  # fmt: skip
     objectives = {str(k): str(v) for k, v in (check.get("objectives") or {}).items()}
     if not objectives:
@@ -113,7 +132,25 @@ def read_reference(path: Path) -> Reference:
         samples={n: [float(v) for v in samples.get(n) or []] for n in objectives},
         noise={n: _noise((check.get("noise") or {}).get(n)) for n in objectives},
         min_gain=float(check.get("min_gain") or 0.0),
+        resolve=_resolve(check.get("resolve"), objectives, path),
     )
+
+
+def _resolve(data: Any, objectives: dict[str, str], path: Path) -> dict[str, float]:
+    """Each objective's check.resolve from the evidence, validated like the study's config."""
+    if data is None:
+        return {}
+    try:
+        resolve = {str(k): float(v) for k, v in dict(data).items() if k in objectives}
+    except (TypeError, ValueError):
+        where = f"--evidence {path}: check.resolve"
+        raise ConfigError(f"{where} is not a mapping of fractions") from None
+    for name, value in resolve.items():
+        if not 0 < value < 1:
+            raise ConfigError(
+                f"--evidence {path}: check.resolve of {name} must be in (0, 1), got {value}"
+            )
+    return resolve
 
 
 def tokenizer_for(reference: Reference, given: Path | None) -> str:

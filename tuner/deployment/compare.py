@@ -5,7 +5,13 @@ throttled core) falls on both sides alike. For each objective it reports B's mea
 95 % interval (B/A times and divided by 1 + the rule's threshold: Student's t at the noise
 pooled over both sides' log values, as the study pools it) and a decision by the acceptance rule
 (tuner/study/acceptance.py ``decide``): *B better* when the rule accepts B over A, *B worse* when
-it accepts A over B, else *within noise*. Exit 0, or 1 when B is worse on some objective.
+it accepts A over B, else *within noise* where the comparison resolves the objective's
+``check.resolve`` (the smallest change it would detect at the study's confidence with 80 %
+power, ``NoiseEstimate.resolution``), and *unresolved* where it cannot: "within noise" of a
+noise wider than the change asked about would read as "the same" when it means "not seen".
+After ``--windows`` rounds, more rounds are measured while they would resolve an objective
+within ``--max-windows``. Exit 0; 1 when B is worse on some objective; 3 when nothing is
+worse but some objective is unresolved.
 """
 
 from __future__ import annotations
@@ -36,6 +42,7 @@ from tuner.errors import ConfigError
 from tuner.measurement import Measurements
 from tuner.redact import Redactor
 from tuner.scoring.objective import ObjectiveContext
+from tuner.search.checks import devices_needed
 from tuner.study.acceptance import Comparison, decide
 from tuner.study.noise import NoiseEstimate
 
@@ -46,9 +53,11 @@ class Verdict(StrEnum):
     BETTER = "B better"
     WORSE = "B worse"
     SAME = "within noise"
+    UNRESOLVED = "unresolved"
 
 
 BETTER, WORSE, SAME = Verdict.BETTER, Verdict.WORSE, Verdict.SAME
+UNRESOLVED = Verdict.UNRESOLVED
 
 
 @dataclass(frozen=True)
@@ -61,6 +70,7 @@ class CompareOptions:
     out: Path = Path("tuner-compare")
     wait_s: float = 30.0
     client_cpus: tuple[int, ...] | None = None
+    max_windows: int = 12  # per side, the budget for resolving check.resolve
 
 
 @dataclass(frozen=True)
@@ -77,6 +87,16 @@ class Ratio:
     decision: Verdict
     noise_rel_sd: float
     noise_df: int
+    resolution: float = math.inf  # the smallest change of B against A this detects
+    needs: int | None = None  # more rounds (one window of each side) that would resolve it
+
+    @property
+    def label(self) -> str:
+        if self.decision != UNRESOLVED:
+            return str(self.decision)
+        if self.needs is None:
+            return "unresolved (noise unknown)"
+        return f"unresolved (needs {self.needs} more windows of each)"
 
 
 def window_order(windows: int) -> list[str]:
@@ -85,12 +105,17 @@ def window_order(windows: int) -> list[str]:
 
 
 def ratio_of(
-    name: str, direction: str, a: Sequence[float], b: Sequence[float], min_gain: float
+    name: str,
+    direction: str,
+    a: Sequence[float],
+    b: Sequence[float],
+    min_gain: float,
+    resolve: float = 0.2,
 ) -> Ratio:
     """B over A for one objective (both sides' values, one per window)."""
     if not (a and b and finite([*a, *b])) or min(*a, *b) <= 0:
         nan = math.nan
-        return Ratio(name, direction, _mean(a), _mean(b), nan, nan, nan, SAME, nan, 0)
+        return Ratio(name, direction, _mean(a), _mean(b), nan, nan, nan, UNRESOLVED, nan, 0)
     pooled = NoiseEstimate.of(a, b)
     ratio = _mean(b) / _mean(a)
     # The rule's threshold as a factor: B is better when B/A > 1 + h, worse when B/A < 1/(1 + h)
@@ -104,9 +129,25 @@ def ratio_of(
         )
         return decide(comparison).accepted
 
-    decision = BETTER if accepts(a, b) else WORSE if accepts(b, a) else SAME
-    return Ratio(name, direction, _mean(a), _mean(b), ratio, low, high, decision, pooled.rel_sd,
-                 pooled.df)  # fmt: skip
+    resolution = pooled.resolution(len(a), len(b))
+    decision = SAME if resolution <= resolve else UNRESOLVED
+    if accepts(a, b) or accepts(b, a):  # a change seen is seen, resolved or not
+        decision = BETTER if accepts(a, b) else WORSE
+    needs = pooled.more_windows(len(a), len(b), resolve, both=True)
+    means = (_mean(a), _mean(b))
+    return Ratio(
+        name,
+        direction,
+        *means,
+        ratio,
+        low,
+        high,
+        decision,
+        pooled.rel_sd,
+        pooled.df,
+        resolution,
+        needs,
+    )
 
 
 def _mean(values: Sequence[float]) -> float:
@@ -126,6 +167,12 @@ class CompareResult:
     def worse(self) -> bool:
         return any(r.decision == WORSE for r in self.ratios)
 
+    @property
+    def exit_code(self) -> int:
+        if self.worse:
+            return 1
+        return 3 if any(r.decision == UNRESOLVED for r in self.ratios) else 0
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "a": self.url_a,
@@ -144,7 +191,12 @@ def scoring_of(config: TunerConfig) -> Scoring:
     from tuner.scoring.objective import get_objective
 
     names = list(dict.fromkeys([*config.objectives.names, config.objectives.select_by]))
-    context = ObjectiveContext(cost=config.cost, slo=config.slo, device=config.server.device)
+    context = ObjectiveContext(
+        cost=config.cost,
+        slo=config.slo,
+        device=config.server.device,
+        gpus_used=devices_needed(config.server.args),  # a GPU endpoint's cost: its GPUs
+    )
     return Scoring({n: get_objective(n).direction for n in names}, [], context)
 
 
@@ -153,6 +205,8 @@ def run_compare(config: TunerConfig, options: CompareOptions, say: Say) -> Compa
         check_http_url(url, option)
     if options.windows < 2:
         raise ConfigError(f"--windows must be >= 2 (per side), got {options.windows}")
+    if options.max_windows < 1:
+        raise ConfigError(f"--max-windows must be >= 1, got {options.max_windows}")
     key_a = api_key_from(options.api_key_env)
     key_b = api_key_from(options.api_key_env_b, "--api-key-env-b") or key_a
     names = [config.server.served_model_name or "", config.server.model]
@@ -160,22 +214,50 @@ def run_compare(config: TunerConfig, options: CompareOptions, say: Say) -> Compa
         "A": open_endpoint(options.url_a, key_a, names, options.wait_s, "--url-a"),
         "B": open_endpoint(options.url_b, key_b, names, options.wait_s, "--url-b"),
     }
-    started, sides = time.monotonic(), window_order(options.windows)
-    windows = []
-    for i, side in enumerate(sides):
-        say(f"window {i + 1}/{len(sides)}: {side} ({endpoints[side].url})")
-        windows.append(_window(config, endpoints[side], options, i))
-        say(f"window {i + 1}: {windows[-1].output_throughput:.0f} output tok/s")
+    started, planned = time.monotonic(), options.windows
+    sides: list[str] = []
+    windows: list[Measurements] = []
+    ratios: list[Ratio] = []
+    while len(sides) < 2 * planned:
+        side = window_order(planned)[len(sides)]
+        say(f"window {len(sides) + 1}/{2 * planned}: {side} ({endpoints[side].url})")
+        windows.append(_window(config, endpoints[side], options, len(sides)))
+        sides.append(side)
+        say(f"window {len(sides)}: {windows[-1].output_throughput:.0f} output tok/s")
+        if len(sides) == 2 * planned:
+            ratios = _ratios(config, sides, windows)
+            more = more_rounds(ratios, planned, options.max_windows)
+            if more:
+                open_ = ", ".join(r.objective for r in ratios if r.decision == UNRESOLVED)
+                say(f"{open_} unresolved: {more} more windows of each side")
+                planned += more
+    seconds = time.monotonic() - started
+    return CompareResult(endpoints["A"].url, endpoints["B"].url, sides, windows, ratios, seconds)
+
+
+def _ratios(
+    config: TunerConfig, sides: Sequence[str], windows: Sequence[Measurements]
+) -> list[Ratio]:
     scoring = scoring_of(config)
     values = [scoring.values(m) for m in windows]
-    ratios = [
-        ratio_of(n, d, [v[n] for v, s in zip(values, sides, strict=True) if s == "A"],
-                 [v[n] for v, s in zip(values, sides, strict=True) if s == "B"],
-                 config.study.min_gain)
+
+    def side(name: str, which: str) -> list[float]:
+        return [v[name] for v, s in zip(values, sides, strict=True) if s == which]
+
+    return [
+        ratio_of(n, d, side(n, "A"), side(n, "B"), config.study.min_gain, config.check.target(n))
         for n, d in scoring.objectives.items()
-    ]  # fmt: skip
-    return CompareResult(endpoints["A"].url, endpoints["B"].url, sides, windows, ratios,
-                         time.monotonic() - started)  # fmt: skip
+    ]
+
+
+def more_rounds(ratios: Sequence[Ratio], per_side: int, budget: int) -> int:
+    """More windows of each side that resolve every unresolved objective the budget can."""
+    within = [
+        r.needs
+        for r in ratios
+        if r.decision == UNRESOLVED and r.needs and per_side + r.needs <= budget
+    ]
+    return max(within, default=0)
 
 
 def _window(config: TunerConfig, endpoint: Endpoint, options: CompareOptions, i: int) -> Any:
@@ -188,13 +270,14 @@ def _window(config: TunerConfig, endpoint: Endpoint, options: CompareOptions, i:
 def table(result: CompareResult) -> str:
     lines = [
         f"tuner compare: A {result.url_a}, B {result.url_b}, windows {''.join(result.sides)}",
-        f"  {'objective':<26}{'A':>11}{'B':>11}{'B/A':>8}  {'95% CI':<15} decision",
+        f"  {'objective':<26}{'A':>11}{'B':>11}{'B/A':>8}  {'95% CI':<15}{'resolves':>9}  decision",
     ]
     for r in result.ratios:
         ci = f"{r.low:.3f}-{r.high:.3f}" if math.isfinite(r.low) else ""
+        res = f"±{r.resolution:.0%}" if math.isfinite(r.resolution) else ""
         lines.append(
-            f"  {r.objective:<26}{r.mean_a:>11.4g}{r.mean_b:>11.4g}{r.ratio:>8.3f}  {ci:<15} "
-            f"{r.decision}"
+            f"  {r.objective:<26}{r.mean_a:>11.4g}{r.mean_b:>11.4g}{r.ratio:>8.3f}  {ci:<15}"
+            f"{res:>9}  {r.label}"
         )
     return "\n".join(lines)
 
@@ -205,7 +288,13 @@ def compare_command(config: TunerConfig, options: CompareOptions, say: Say) -> i
     redactor = Redactor([*Redactor.for_environment().secrets, *[k for k in keys if k]])
     result = run_compare(config, options, say)
     cases = [
-        Case(r.objective, f"{r.decision}: B/A {r.ratio:.3f}", r.decision == WORSE)
+        Case(
+            r.objective,
+            f"{r.label}: B/A {r.ratio:.3f}, resolves "
+            + (f"{r.resolution:.0%}" if math.isfinite(r.resolution) else "nothing (noise unknown)"),
+            r.decision == WORSE,
+            r.decision == UNRESOLVED,
+        )
         for r in result.ratios
     ]
     data = json.dumps(result.to_dict(), indent=2)
@@ -214,4 +303,4 @@ def compare_command(config: TunerConfig, options: CompareOptions, say: Say) -> i
     junit_path = write_text(options.out / "junit.xml", junit)
     print(redactor.text(table(result)))
     print(f"reports: {json_path} {junit_path}")
-    return 1 if result.worse else 0
+    return result.exit_code

@@ -1,8 +1,9 @@
 """JUnit XML, the test-report format CI systems read (Jenkins, GitLab, GitHub Actions...).
 
 One ``<testsuite>`` with one ``<testcase>`` per verdict row; a failed row carries a
-``<failure>`` whose message says what regressed. Text goes through the caller's redactor
-before it is written, like every other output.
+``<failure>`` whose message says what regressed, an unresolved one a ``<skipped>`` whose
+message says what it would need (a CI system shows it as neither passed nor failed). Text
+goes through the caller's redactor before it is written, like every other output.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ class Case:
     name: str
     message: str  # what was compared, and how it came out
     failed: bool
+    skipped: bool = False  # could not be decided (an unresolved verdict)
 
 
 def junit_xml(
@@ -31,6 +33,7 @@ def junit_xml(
     redact: Callable[[str], str] = lambda s: s,
 ) -> str:
     failures = sum(c.failed for c in cases)
+    skipped = sum(c.skipped and not c.failed for c in cases)
     root = ET.Element(
         "testsuites", name="tuner", tests=str(len(cases)), failures=str(failures), errors="0"
     )
@@ -41,7 +44,7 @@ def junit_xml(
         tests=str(len(cases)),
         failures=str(failures),
         errors="0",
-        skipped="0",
+        skipped=str(skipped),
         time=f"{seconds:.1f}",
     )
     for case in cases:
@@ -49,6 +52,8 @@ def junit_xml(
         if case.failed:
             failure = ET.SubElement(element, "failure", message=redact(case.message))
             failure.text = redact(case.message)
+        elif case.skipped:
+            ET.SubElement(element, "skipped", message=redact(case.message))
         else:
             ET.SubElement(element, "system-out").text = redact(case.message)
     ET.indent(root)

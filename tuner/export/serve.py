@@ -33,7 +33,7 @@ from tuner.export.spec import EVIDENCE_FILE, SERVE_HOST, SERVE_PORT, ServeSpec, 
 from tuner.paths import safe_name
 from tuner.plan.sizing import read_capacity
 from tuner.redact import Redactor
-from tuner.review.evidence import Evidence, build_evidence
+from tuner.review.evidence import Evidence, build_evidence, windows_line
 from tuner.review.stored import Choice, Review, study_redactor
 
 
@@ -264,6 +264,9 @@ def export_choices(
         evidence = with_capacity(build_evidence(review, choice), review, choice)
         files = render_all(spec, evidence, formats, redactor)
         written += write_files(folder, files)
+        plan = (evidence.data.get("check") or {}).get("windows")
+        if plan:  # how many windows the evidence holds, and whether a check can resolve with them
+            print(redactor.text(f"{choice.label}: {windows_line(plan)}"))
     return written
 
 

@@ -10,13 +10,16 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import math
 import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from tuner.config import CheckConfig
 from tuner.review.diagnosis import diagnose
 from tuner.review.stored import Choice, Review, TrialView
 from tuner.schema import Role
+from tuner.search.checks import devices_needed
 from tuner.study.noise import NoiseEstimate
 
 LATENCIES = ("ttft", "tpot", "itl", "e2e")
@@ -107,7 +110,8 @@ def build_evidence(review: Review, choice: Choice, now: dt.datetime | None = Non
     view = choice.trial
     fp = review.fingerprint
     diagnosis = diagnose(view.telemetry, view.ok, review.cores) if view else None
-    data: dict[str, Any] = {
+    data: dict[str, Any] = {"simulated": review.simulated} if review.simulated else {}
+    data |= {
         "study": review.name,
         "storage": review.storage_shown,
         "choice": choice.label,
@@ -156,10 +160,64 @@ def check_reference(review: Review, choice: Choice) -> dict[str, Any]:
         "cost": config.get("cost") or {},
         "cpus": review.cores,
         "device": review.device,
+        # what a GPU deployment's cost is billed on: one server's GPUs and their model
+        "gpus": devices_needed({**(server.get("args") or {}), **choice.params}),
+        "gpu_model": next(iter((review.fingerprint.get("hardware") or {}).get("gpus") or []), ""),
         "min_gain": (config.get("study") or {}).get("min_gain", 0.0),
         "samples": {n: values(fresh, n) for n in review.objectives},
         "noise": {n: {"rel_sd": e.rel_sd, "df": e.df} for n, e in noise.items()},
+        "resolve": {n: _check_config(config).target(n) for n in review.objectives},
+        "windows": {
+            n: windows_plan(noise[n], len(values(fresh, n)), _check_config(config), n)
+            for n in review.objectives
+        },
     }
+
+
+def _check_config(config: dict[str, Any]) -> CheckConfig:
+    """The study's check block (its defaults where the study predates it)."""
+    return CheckConfig(**(config.get("check") or {}))
+
+
+def windows_plan(
+    noise: NoiseEstimate, recorded: int, check: CheckConfig, name: str
+) -> dict[str, Any]:
+    """Whether ``recorded`` windows of the exported configuration let a check of
+    ``check.max_windows`` windows resolve ``check.resolve`` of objective ``name``, and how many
+    more of them would (None: no number would, or the noise is unknown)."""
+    target, budget = check.target(name), check.max_windows
+    grown = NoiseEstimate(noise.rel_sd, noise.df + budget - 1)  # the check's windows pool in
+    resolution = grown.resolution(recorded, budget) if recorded else math.inf
+    more = grown.more_windows(budget, recorded, target) if recorded else None
+    return {
+        "recorded": recorded,
+        "check_windows": budget,
+        "resolves": resolution if math.isfinite(resolution) else None,
+        "asked": target,
+        "more_needed": more,
+    }
+
+
+def windows_line(plan: dict[str, dict[str, Any]]) -> str:
+    """What the evidence lets a check resolve, and what it would need (one summary line)."""
+    recorded = max((p["recorded"] for p in plan.values()), default=0)
+    budget = max((p["check_windows"] for p in plan.values()), default=0)
+    parts, short = [], False
+    for name, p in plan.items():
+        resolves, more = p["resolves"], p["more_needed"]
+        if resolves is not None and resolves <= p["asked"]:
+            parts.append(f"{name} ±{resolves:.0%}")
+            continue
+        short = True
+        seen = "nothing" if resolves is None else f"±{resolves:.0%}"
+        need = "no number of windows would" if more is None else f"needs {more} more windows"
+        parts.append(f"{name} {seen} ({need} for {p['asked']:.0%})")
+    text = f"check: {recorded} windows of this config; a {budget}-window check resolves "
+    hint = (
+        "; export measures none itself: raise study.repeats (study.baseline_measurements for "
+        "the baseline) and run the study again"
+    )
+    return text + ", ".join(parts) + (hint if short else "")
 
 
 def _config_key(params: dict[str, Any]) -> str:
@@ -199,7 +257,8 @@ def summary_lines(data: dict[str, Any]) -> list[str]:
     e2e, ttft = lat.get("e2e", {}), lat.get("ttft", {})
     m = data["measurements"]
     trial = data["trial"] or {}
-    lines = [
+    lines = [data["simulated"]] if data.get("simulated") else []
+    lines += [
         f"tuner export of study {data['study']}: {data['choice']} "
         f"(Optuna study {trial.get('optuna_study')}, trial {trial.get('number')}), "
         f"exported {data['exported_at']}",
@@ -217,6 +276,8 @@ def summary_lines(data: dict[str, Any]) -> list[str]:
         f"hardware: {_hardware_text(data.get('hardware') or {})}; vLLM: {data.get('vllm')}",
         f"bottleneck: {data.get('bottleneck')}; full evidence: evidence.json",
     ]
+    if (data.get("check") or {}).get("windows"):
+        lines.append(windows_line(data["check"]["windows"]))
     return lines
 
 

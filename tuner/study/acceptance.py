@@ -31,7 +31,8 @@ is a 1e6 sentinel (tuner.scoring.objective.NO_DATA_VIOLATION) that no mean absor
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
@@ -69,6 +70,60 @@ class Comparison:
 
 
 @dataclass(frozen=True)
+class ObjectiveChange:
+    """An objective beside ``select_by``: the candidate's change over the incumbent on the
+    confirmation's windows, and the smallest change those windows resolve.
+
+    ``verdict`` is the acceptance rule asked both ways on that objective (its noise pooled over
+    the two sides' windows, as `tuner compare` pools them): better, worse, within noise where
+    the windows resolve ``check.resolve``, else unresolved: a stage that reports a P99 "within
+    noise" of a noise three times the change asked about would say "no change" of what it
+    could not see."""
+
+    objective: str
+    direction: str
+    change: float  # candidate mean / incumbent mean - 1
+    resolution: float  # nan while the noise is unknown
+    verdict: str
+    windows: tuple[int, int] = (0, 0)  # incumbent's, candidate's
+
+    def text(self) -> str:
+        seen = (
+            f"resolves {self.resolution:.0%}" if math.isfinite(self.resolution) else "noise unknown"
+        )
+        return f"{self.objective} {self.change:+.1%} ({seen}: {self.verdict})"
+
+
+def objective_changes(
+    names: Sequence[str],
+    directions: Sequence[str],
+    incumbent: Sequence[Sequence[float]],
+    candidate: Sequence[Sequence[float]],
+    skip: str,
+    min_gain: float,
+    resolve: Callable[[str], float],
+) -> list[ObjectiveChange]:
+    """Every objective but ``skip`` over both sides' windows (one value vector per window)."""
+    out = []
+    for i, (name, direction) in enumerate(zip(names, directions, strict=False)):
+        inc = [float(row[i]) for row in incumbent if math.isfinite(row[i]) and row[i] > 0]
+        cand = [float(row[i]) for row in candidate if math.isfinite(row[i]) and row[i] > 0]
+        if name == skip or not inc or not cand:
+            continue
+        noise = NoiseEstimate.of(inc, cand)
+        resolution = noise.resolution(len(inc), len(cand))
+        better = decide(Comparison("", name, direction, inc, cand, True, min_gain, True, noise))
+        worse = decide(Comparison("", name, direction, cand, inc, True, min_gain, True, noise))
+        verdict = "within noise" if resolution <= resolve(name) else "unresolved"
+        if better.accepted or worse.accepted:  # a change seen is seen, resolved or not
+            verdict = "better" if better.accepted else "worse"
+        change = float(np.mean(cand) / np.mean(inc) - 1)
+        shown = resolution if math.isfinite(resolution) else math.nan
+        out.append(ObjectiveChange(name, direction, change, shown, verdict, (len(inc), len(cand))))
+    return out
+
+
+@dataclass(frozen=True)
 class Decision:
     """A stored, printable acceptance decision."""
 
@@ -99,6 +154,8 @@ class Decision:
     # trial and its constraints on the mean of its repeats (a lead for the next stages)
     passed_over_trial: int | None = None
     passed_over_constraints: dict[str, float] = field(default_factory=dict)
+    # the other objectives on the confirmation's windows, each with what it can resolve
+    others: list[ObjectiveChange] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -106,7 +163,12 @@ class Decision:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Decision:
         known = set(cls.__dataclass_fields__)
-        return cls(**{k: v for k, v in data.items() if k in known})
+        fields_ = {k: v for k, v in data.items() if k in known}
+        fields_["others"] = [
+            ObjectiveChange(**{**o, "windows": tuple(o.get("windows") or (0, 0))})
+            for o in data.get("others") or []
+        ]
+        return cls(**fields_)
 
     def line(self) -> str:
         verdict = "ACCEPTED" if self.accepted else "kept incumbent"
@@ -116,8 +178,11 @@ class Decision:
             f"stage {self.stage}: {verdict}: {self.objective} {self.incumbent_mean:.4g} -> "
             f"{self.candidate_mean:.4g} (gain {self.gain:+.4g}, needed > {self.threshold:.4g}; "
             f"n={len(self.incumbent_values)}+{len(self.candidate_values)}{self._df()}) - "
-            f"{self.reason}"
+            f"{self.reason}{self._others()}"
         )
+
+    def _others(self) -> str:
+        return "; " + ", ".join(o.text() for o in self.others) if self.others else ""
 
     def _df(self) -> str:
         return "" if self.noise_df is None else f", noise over {self.noise_df} df"

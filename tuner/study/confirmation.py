@@ -22,7 +22,13 @@ from optuna.trial import TrialState
 from tuner.config import TunerConfig
 from tuner.schema import Role, TrialAttr, confirm_label, confirm_study
 from tuner.scoring.feasibility import mean_constraints, meets, violation
-from tuner.study.acceptance import Comparison, Decision, decide
+from tuner.study.acceptance import (
+    Comparison,
+    Decision,
+    ObjectiveChange,
+    decide,
+    objective_changes,
+)
 from tuner.study.evaluation import Evaluated, Evaluator
 from tuner.study.flights import Want
 from tuner.study.noise import NoiseEstimate, NoisePool
@@ -55,6 +61,8 @@ class Confirmation:
         self.config, self.evaluator = config, evaluator
         self.open_study, self.measure, self.say = open_study, measure, say
         self.noise = NoisePool()
+        # every objective's values of each side's windows in the current confirmation
+        self._rows: dict[str, list[list[float]]] = {Role.INCUMBENT: [], Role.CANDIDATE: []}
 
     def learn(self, incumbent_params: dict[str, Any], decision: Decision) -> None:
         """Pool a (stored) decision's repeats: a resumed study knows what the first run knew."""
@@ -155,8 +163,21 @@ class Confirmation:
             incumbent_constraints=inc_c,
             candidate_constraint_windows=[dict(c) for c in judged],
             incumbent_constraint_windows=[dict(c) for c in inc.constraints],
+            others=self._others(obj, min_gain),
         )
         return decision, inc
+
+    def _others(self, select_by: str, min_gain: float) -> list[ObjectiveChange]:
+        """The objectives beside ``select_by`` on this confirmation's windows."""
+        return objective_changes(
+            self.evaluator.names,
+            self.evaluator.directions,
+            self._rows[Role.INCUMBENT],
+            self._rows[Role.CANDIDATE],
+            select_by,
+            min_gain,
+            self.config.check.target,
+        )
 
     def _repeats(
         self,
@@ -176,15 +197,20 @@ class Confirmation:
         samples = incumbent.samples or [incumbent.values[idx]]
         inc = against or Repeats(list(samples), [dict(incumbent.constraints)] * len(samples))
         cand = Repeats([], [])
+        if against is None:  # against earlier repeats, the incumbent's rows are theirs
+            self._rows[Role.INCUMBENT] = []
+        self._rows[Role.CANDIDATE] = []
         if self.config.study.keeps_search_window:
             cand = Repeats([winner.values[idx]], [dict(winner.constraints)])
+            self._rows[Role.CANDIDATE].append(list(winner.values))
         tag = stage.name if against is None else f"{stage.name}/trial {winner.number}"
         for rnd in range(self.config.study.repeats):
             sides = [(Role.CANDIDATE, cand_params, cand)]
             if against is None:
                 sides.insert(0, (Role.INCUMBENT, incumbent.params, inc))
             results = self._round(confirm, stage.name, tag, rnd, [(r, p) for r, p, _ in sides])
-            for (_, _, out), result in zip(sides, results, strict=True):
+            for (role, _, out), result in zip(sides, results, strict=True):
+                self._rows[role].append(list(result.values))
                 out.values.append(result.values[idx])
                 out.constraints.append(dict(result.constraints))
         return inc, cand

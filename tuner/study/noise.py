@@ -31,6 +31,10 @@ import numpy as np
 from scipy import stats
 
 CONFIDENCE = 0.975  # one-sided: about the 2.3 % of the earlier "two standard errors"
+# A verdict "resolves" a change it would flag at least this often: at the threshold itself a
+# real change is flagged only half the time, so a PASS there would still miss it every other run.
+POWER = 0.8
+MOST_WINDOWS = 10_000  # where the search for "how many windows would do" gives up
 
 
 @dataclass(frozen=True)
@@ -48,6 +52,35 @@ class NoiseEstimate:
             return 0.0
         t = float(stats.t.ppf(CONFIDENCE, self.df))
         return t * self.rel_sd * math.sqrt(1 / n_a + 1 / n_b) * abs(scale)
+
+    def resolution(self, n_a: int, n_b: int) -> float:
+        """The smallest relative change between two means of n_a and n_b measurements that
+        this noise lets the rule detect at ``CONFIDENCE`` with ``POWER``: (t at CONFIDENCE +
+        t at POWER, both at this df) x rel_sd x sqrt(1/n_a + 1/n_b); inf while it is unknown."""
+        if self.df < 1 or n_a < 1 or n_b < 1 or not math.isfinite(self.rel_sd):
+            return math.inf
+        t = float(stats.t.ppf(CONFIDENCE, self.df) + stats.t.ppf(POWER, self.df))
+        return t * self.rel_sd * math.sqrt(1 / n_a + 1 / n_b)
+
+    def more_windows(self, n_a: int, n_b: int, target: float, both: bool = False) -> int | None:
+        """How many more measurements (on side b, or on each side with ``both``), each one a
+        repeat that adds a degree of freedom to the pool, bring the resolution to ``target``;
+        0 when it is already there, None when no number would (the other side's share alone
+        exceeds it) or the noise is unknown."""
+        if not math.isfinite(self.rel_sd) or self.df < 1 or n_a < 1 or n_b < 1:
+            return None
+
+        def resolves(k: int) -> bool:  # falls monotonically with k, so a bisection finds it
+            grown = NoiseEstimate(self.rel_sd, self.df + k * (1 + int(both)))
+            return grown.resolution(n_a + k * int(both), n_b + k) <= target
+
+        if not resolves(MOST_WINDOWS):
+            return None
+        low, high = -1, MOST_WINDOWS  # resolves(high) holds; resolves(low) does not
+        while high - low > 1:
+            mid = (low + high) // 2
+            low, high = (low, mid) if mid >= 0 and resolves(mid) else (mid, high)
+        return high
 
     @classmethod
     def of(cls, *groups: Sequence[float]) -> NoiseEstimate:
