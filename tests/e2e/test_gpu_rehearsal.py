@@ -241,5 +241,7 @@ def test_a_gpu_preset_walks_plan_run_report_export_capacity_check(rehearsal: Reh
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=30)
     verdict = json.loads((rehearsal.folder / "check" / "check.json").read_text())
+    assert (next(iter(verdict)) == "simulated") is not REAL  # a check of a rehearsal says so
+    assert ("SIMULATED" in check) is not REAL
     slo_rows = [r for r in verdict["rows"] if r["kind"] == "slo"]
     assert slo_rows and all(r["verdict"].lower() == "met" for r in slo_rows), check[-3000:]

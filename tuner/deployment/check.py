@@ -130,7 +130,9 @@ class CheckResult:
         ]
 
     def to_dict(self) -> dict[str, Any]:
+        stamp = {"simulated": self.reference.simulated} if self.reference.simulated else {}
         return {
+            **stamp,
             "verdict": self.verdict,
             "url": self.url,
             "evidence": str(self.reference.path),
@@ -316,7 +318,8 @@ def _pct(value: float | None, sign: str = "") -> str:
 
 def table(result: CheckResult) -> str:
     ref = result.reference
-    lines = [
+    lines = [ref.simulated] if ref.simulated else []
+    lines += [
         f"tuner check of {result.url} against {ref.study}: {ref.choice}",
         f"  {'':<4}{'name':<26}{'evidence':>12}{'measured':>12}{'change':>9}{'allowed':>9}"
         f"{'resolves':>9}  verdict",

@@ -48,6 +48,9 @@ class Reference:
     noise: dict[str, NoiseEstimate]  # objective -> the study's pooled noise of it
     min_gain: float
     resolve: dict[str, float] = field(default_factory=dict)  # objective -> check.resolve
+    # The evidence's SIMULATED line, when its study was rehearsed on a simulated GPU host: a
+    # check against it is a rehearsal too, and says so first
+    simulated: str | None = None
 
     def resolve_of(self, objective: str) -> float:
         """The smallest change of ``objective`` a verdict must resolve (the study's
@@ -123,6 +126,7 @@ def read_reference(path: Path) -> Reference:
         path=path,
         study=str(data.get("study") or "?"),
         choice=str(data.get("choice") or "?"),
+        simulated=data.get("simulated") or None,
         model=str(model.get("model") or ""),
         model_sha256=str(model.get("config_sha256") or ""),
         served_model_name=check.get("served_model_name"),
