@@ -240,7 +240,7 @@ def test_plan_round_trips_through_jsonl(tok_dir: Path, tmp_path: Path) -> None:
 def test_plan_size_covers_an_open_loop_run() -> None:
     assert wl.plan_size(_workload(mode="open", rate=100, warmup_s=5, window_s=30)) == 4375
     closed = _workload(mode="closed", concurrency=16, warmup_s=5, window_s=30)
-    assert wl.plan_size(closed) == 16 * 35 * 4
+    assert wl.plan_size(closed) == 16 * 35 * 6
     assert wl.plan_size(_workload(mode="closed", concurrency=1)) == wl.MIN_PLAN_SIZE
     assert wl.plan_size(_workload(mode="open", rate=10_000, window_s=600)) == wl.MAX_PLAN_SIZE
 
