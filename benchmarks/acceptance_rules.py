@@ -34,8 +34,12 @@ TABLES = ("grid_vllm_cpu", "grid_vllm_cpu_avx512", "grid_vllm_cpu_amx", "grid_vl
 PARAMS = ("max_num_seqs", "max_num_batched_tokens", "enforce_eager", "kv_cache_dtype")
 THROUGHPUT = ("output_tok_s", "output_token_rate")
 COLUMNS = (
-    "reached_97", "final_feasible", "median_final_score", "switched_worse", "median_launches",
-)  # fmt: skip
+    "reached_97",
+    "final_feasible",
+    "median_final_score",
+    "switched_worse",
+    "median_launches",
+)
 
 
 @dataclass(frozen=True)
@@ -61,11 +65,14 @@ def pairs(result: dict[str, Any], where: str, setting: Setting) -> list[dict[str
         other = by_name.get(f"{name}{setting.suffix}")
         if other is None:
             continue
-        runs = [{r["seed"]: r for r in result["runs"] if r["strategy"] == s}
-                for s in (name, f"{name}{setting.suffix}")]  # fmt: skip
+        runs = [
+            {r["seed"]: r for r in result["runs"] if r["strategy"] == s}
+            for s in (name, f"{name}{setting.suffix}")
+        ]
         worse = [sum(r["worse_switches"] for r in rs.values()) for rs in runs]
-        differ = sum(r["final_config"] != runs[1][seed]["final_config"]
-                     for seed, r in runs[0].items())  # fmt: skip
+        differ = sum(
+            r["final_config"] != runs[1][seed]["final_config"] for seed, r in runs[0].items()
+        )
         row: dict[str, Any] = {"replay": where, "strategy": name, "seeds_differing": differ}
         for col in COLUMNS:
             row[col] = f"{base[col]} \\| {other[col]}"

@@ -63,12 +63,19 @@ def study(tmp: Path, seqs: int, baseline: int, overrides: Sequence[str]) -> Path
     its one stage's only point is the deployed value, which the seeded incumbent covers."""
     command = DEPLOYED.format(model=MODEL, seqs=seqs)
     run = tuner(
-        "run", "name=check_power", f"studies_dir={tmp}", "study.stages=[batching]",
-        "search_space=[batching_coarse]", f"search_space.batching.max_num_seqs.choices=[{seqs}]",
-        f"study.baseline_measurements={baseline}", f"server.from_command={command}",
-        f"placement.server_cpus={SERVER_CPU}", f"placement.client_cpus={CLIENT_CPU}",
-        *WORKLOAD, *overrides,
-    )  # fmt: skip
+        "run",
+        "name=check_power",
+        f"studies_dir={tmp}",
+        "study.stages=[batching]",
+        "search_space=[batching_coarse]",
+        f"search_space.batching.max_num_seqs.choices=[{seqs}]",
+        f"study.baseline_measurements={baseline}",
+        f"server.from_command={command}",
+        f"placement.server_cpus={SERVER_CPU}",
+        f"placement.client_cpus={CLIENT_CPU}",
+        *WORKLOAD,
+        *overrides,
+    )
     export = tuner("export", "check_power", "--studies-dir", str(tmp), "--format", "cli")
     for proc in (run, export):
         if proc.returncode != 0:
@@ -88,9 +95,19 @@ def level(tmp: Path, evidence: Path, seqs: int, args: argparse.Namespace) -> dic
         server.wait_ready(time.monotonic() + 600)
         for i in range(args.checks):
             out = tmp / f"s{seqs}" / f"check{i}"
-            proc = tuner("check", "--url", server.base_url, "--evidence", str(evidence),
-                         "--out", str(out), "--windows", str(args.windows),
-                         "--client-cpus", str(CLIENT_CPU))  # fmt: skip
+            proc = tuner(
+                "check",
+                "--url",
+                server.base_url,
+                "--evidence",
+                str(evidence),
+                "--out",
+                str(out),
+                "--windows",
+                str(args.windows),
+                "--client-cpus",
+                str(CLIENT_CPU),
+            )
             if proc.returncode not in (0, 1):
                 raise SystemExit(proc.stderr[-2000:])
             report = json.loads((out / "check.json").read_text())
@@ -129,11 +146,13 @@ def findings(levels: list[dict[str, Any]], checks: int) -> dict[str, Any]:
     smallest = min(caught, key=lambda lv: -lv["throughput_change_mean"], default=None)
     return {
         "false_alarm_rate": unchanged["flagged"] / checks,
-        "smallest_caught_9_of_10": None if smallest is None else {
+        "smallest_caught_9_of_10": None
+        if smallest is None
+        else {
             "max_num_seqs": smallest["max_num_seqs"],
             "throughput_change": smallest["throughput_change_mean"],
         },
-    }  # fmt: skip
+    }
 
 
 def table(result: dict[str, Any]) -> str:
@@ -177,11 +196,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         reference = json.loads(evidence.read_text())["check"]
         levels = [level(tmp, evidence, s, args) for s in seqs]
     result = {
-        "levels": levels, "findings": findings(levels, args.checks),
+        "levels": levels,
+        "findings": findings(levels, args.checks),
         "evidence": {k: reference[k] for k in ("samples", "noise", "min_gain")},
-        "args": {k: v for k, v in vars(args).items() if k != "out"}, "machine": machine(),
+        "args": {k: v for k, v in vars(args).items() if k != "out"},
+        "machine": machine(),
         "minutes": round((time.monotonic() - started) / 60, 1),
-    }  # fmt: skip
+    }
     out = args.out or results("check_power", machine())
     out.mkdir(parents=True, exist_ok=True)
     (out / "check_power.json").write_text(json.dumps(result, indent=1, default=str) + "\n")

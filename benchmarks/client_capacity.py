@@ -83,12 +83,18 @@ def main(argv: list[str] | None = None) -> int:
                 rows.append(_row(run, users, round_))
                 print(json.dumps(rows[-1]), flush=True)
     summary = _summary(rows)
-    meta = {"cpu": read_cpuinfo().model, "itl_s": args.itl, "window_s": args.window,
-            "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}  # fmt: skip
+    meta = {
+        "cpu": read_cpuinfo().model,
+        "itl_s": args.itl,
+        "window_s": args.window,
+        "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
     (out / "runs.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     (out / "summary.json").write_text(json.dumps({"meta": meta, "summary": summary}, indent=1))
-    print(f"{'proc':>4} {'users':>5} {'offered':>8} {'carried':>8} {'per proc':>8} "
-          f"{'cores':>5} {'ev/cpu-s':>9} {'TTFT99':>7} {'ITL99':>6}")  # fmt: skip
+    print(
+        f"{'proc':>4} {'users':>5} {'offered':>8} {'carried':>8} {'per proc':>8} "
+        f"{'cores':>5} {'ev/cpu-s':>9} {'TTFT99':>7} {'ITL99':>6}"
+    )
     for s in summary:
         print(
             f"{s['processes']:>4} {s['users']:>5} {s['offered_events_s']:>8.0f} "

@@ -49,16 +49,21 @@ def episodic(rng: np.random.Generator, n: int) -> np.ndarray:
 
 
 MACHINES: dict[str, Callable[[np.random.Generator, int], np.ndarray]] = {
-    "steady": steady, "drifting": drifting, "episodic": episodic,
-}  # fmt: skip
+    "steady": steady,
+    "drifting": drifting,
+    "episodic": episodic,
+}
 
 
-def windows(rng: np.random.Generator, pairs: int, gain: float, machine: str
-            ) -> tuple[list[float], list[float]]:  # fmt: skip
+def windows(
+    rng: np.random.Generator, pairs: int, gain: float, machine: str
+) -> tuple[list[float], list[float]]:
     sides = window_order(pairs)
     logs = np.log(1000.0) + MACHINES[machine](rng, len(sides))
-    values = [float(np.exp(v + (np.log1p(gain) if s == "B" else 0.0)))
-              for v, s in zip(logs, sides, strict=True)]  # fmt: skip
+    values = [
+        float(np.exp(v + (np.log1p(gain) if s == "B" else 0.0)))
+        for v, s in zip(logs, sides, strict=True)
+    ]
     a = [v for v, s in zip(values, sides, strict=True) if s == "A"]
     b = [v for v, s in zip(values, sides, strict=True) if s == "B"]
     return a, b
@@ -105,12 +110,16 @@ def table() -> list[dict[str, Any]]:
 
 
 def main() -> int:
-    text = write_markdown(OUT, (
-        "Each cell: pooled (tuner compare) | paired. steady: independent windows of 5 %; "
-        "drifting: a random walk of 5 % a window plus 3 %; episodic: a 15 % slowdown that "
-        "switches with chance 0.3 per window, plus 3 %. 4,000 comparisons per cell, seed 11, "
-        "min_gain 2 %."
-    ), table())  # fmt: skip
+    text = write_markdown(
+        OUT,
+        (
+            "Each cell: pooled (tuner compare) | paired. steady: independent windows of 5 %; "
+            "drifting: a random walk of 5 % a window plus 3 %; episodic: a 15 % slowdown that "
+            "switches with chance 0.3 per window, plus 3 %. 4,000 comparisons per cell, seed 11, "
+            "min_gain 2 %."
+        ),
+        table(),
+    )
     print(text)
     return 0
 

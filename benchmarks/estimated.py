@@ -32,9 +32,13 @@ AXES: dict[str, list[Any]] = {
 # vLLM's defaults on an 80+ GiB Hopper GPU (V1 engine, OpenAI server): 1024 sequences, 8192
 # batched tokens, 0.9 of the memory, the checkpoint's precision, TP 1.
 VLLM_DEFAULTS: dict[str, Any] = {
-    GPU_PARAM: 1, "max_num_seqs": 1024, "max_num_batched_tokens": 8192,
-    "quantization": "none", "kv_cache_dtype": "auto", "gpu_memory_utilization": 0.9,
-}  # fmt: skip
+    GPU_PARAM: 1,
+    "max_num_seqs": 1024,
+    "max_num_batched_tokens": 8192,
+    "quantization": "none",
+    "kv_cache_dtype": "auto",
+    "gpu_memory_utilization": 0.9,
+}
 GEMM = {"none": "bfloat16", "fp8": "fp8"}
 KV = {"auto": "bfloat16", "fp8": "fp8"}
 VERSION = "0.24.0"  # AIConfigurator's vLLM data (given explicitly: ~9 ms an estimate, not 1.3 s)
@@ -95,11 +99,18 @@ class Estimator:
 
         try:
             est = estimate_kv_cache(
-                self.system.model, self.system.gpu, "vllm", VERSION,
-                max_num_tokens=8192, max_batch_size=self.system.load.users,
-                memory_fraction_kind="of_total", memory_fraction_value=gmu, tp_size=tp,
-                gemm_quant_mode=GEMM[quant], kvcache_quant_mode=KV[kv],
-            )  # fmt: skip
+                self.system.model,
+                self.system.gpu,
+                "vllm",
+                VERSION,
+                max_num_tokens=8192,
+                max_batch_size=self.system.load.users,
+                memory_fraction_kind="of_total",
+                memory_fraction_value=gmu,
+                tp_size=tp,
+                gemm_quant_mode=GEMM[quant],
+                kvcache_quant_mode=KV[kv],
+            )
         except (ValueError, RuntimeError):
             return None
         return int(est["total_kv_size_tokens"])
@@ -122,8 +133,9 @@ class Estimator:
         from aiconfigurator_core.sdk.models import get_model
 
         if self._current[0] != (tp, quant, kv):
-            mc = build_model_config(tp, 1, 1, 1, 1, gemm_quant_mode=GEMM[quant],
-                                    kvcache_quant_mode=KV[kv])  # fmt: skip
+            mc = build_model_config(
+                tp, 1, 1, 1, 1, gemm_quant_mode=GEMM[quant], kvcache_quant_mode=KV[kv]
+            )
             backend = get_backend("vllm")
             # Its result cache is keyed without the model: a new model starts it empty.
             backend._agg_cache.clear()

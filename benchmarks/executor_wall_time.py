@@ -68,16 +68,25 @@ PRICE = {"H100": 2.99}
 # (name, sampler, TP choices): the stage as a sampler explores it. The samplers weigh every
 # objective (latency, throughput, cost), so the TP mix is theirs; a uniform one (random) is
 # what an exploring stage launches, a TP 1-2 stage what a small model's does.
-VARIANTS = [("tp1248-random", "random", [1, 2, 4, 8]), ("tp1248-tpe", "tpe", [1, 2, 4, 8]),
-            ("tp12-random", "random", [1, 2])]  # fmt: skip
+VARIANTS = [
+    ("tp1248-random", "random", [1, 2, 4, 8]),
+    ("tp1248-tpe", "tpe", [1, 2, 4, 8]),
+    ("tp12-random", "random", [1, 2]),
+]
 
 
 def trial_s(tp: int) -> float:
     return STARTUP_S[tp] + MEASURE_S
 
 
-def table_trial(config: TunerConfig, launch: LaunchSpec, paths: Any, trial_id: str,
-                progress: Any = None, scale: float = 0.015) -> TrialOutcome:  # fmt: skip
+def table_trial(
+    config: TunerConfig,
+    launch: LaunchSpec,
+    paths: Any,
+    trial_id: str,
+    progress: Any = None,
+    scale: float = 0.015,
+) -> TrialOutcome:
     """The trial of ``launch``: its table duration (scaled), then its table numbers."""
     args = {**config.server.args, **launch.args}
     tp, seqs = int(args.get("tensor_parallel_size") or 1), int(args.get("max_num_seqs") or 256)
@@ -85,21 +94,26 @@ def table_trial(config: TunerConfig, launch: LaunchSpec, paths: Any, trial_id: s
     # Throughput grows with TP sub-linearly and saturates with the batch; latency with the batch
     tok_s = 2400.0 * tp**0.8 * seqs / (seqs + 96)
     p99 = 1.5 + seqs / (400.0 * tp**0.5)
-    measured = Measured(True, "", p99 / 2, p99, 0.05, 0.2, 0.02, 0.03, tok_s, tok_s / 200,
-                        0.0, 600, 0)  # fmt: skip
+    measured = Measured(
+        True, "", p99 / 2, p99, 0.05, 0.2, 0.02, 0.03, tok_s, tok_s / 200, 0.0, 600, 0
+    )
     return outcome_of(measured, launch, trial_id)
 
 
-def stage_config(folder: Path, executor: str, sampler: str, tps: list[int], seed: int,
-                 trials: int) -> TunerConfig:  # fmt: skip
-    config = TunerConfig(name=f"wall-{executor}-{sampler}-{len(tps)}-{seed}",
-                         studies_dir=str(folder))  # fmt: skip
+def stage_config(
+    folder: Path, executor: str, sampler: str, tps: list[int], seed: int, trials: int
+) -> TunerConfig:
+    config = TunerConfig(
+        name=f"wall-{executor}-{sampler}-{len(tps)}-{seed}", studies_dir=str(folder)
+    )
     config.server.device, config.server.model = "cuda", "table"
     config.server.args = {}
-    config.search_space = {"parallelism": {
-        "tensor_parallel_size": ParamSpec(type="categorical", choices=list(tps)),
-        "max_num_seqs": ParamSpec(type="categorical", choices=list(SEQS_CHOICES)),
-    }}  # fmt: skip
+    config.search_space = {
+        "parallelism": {
+            "tensor_parallel_size": ParamSpec(type="categorical", choices=list(tps)),
+            "max_num_seqs": ParamSpec(type="categorical", choices=list(SEQS_CHOICES)),
+        }
+    }
     study = config.study
     study.stages, study.trials_per_stage, study.repeats = ["parallelism"], trials, 0
     study.baseline_measurements, study.reuse, study.seed = 1, False, seed
@@ -118,22 +132,30 @@ def stage_config(folder: Path, executor: str, sampler: str, tps: list[int], seed
 def run_stage(config: TunerConfig, scale: float) -> dict[str, Any]:
     """Run the study; the stage's trials as the storage has them."""
     trial_fn = functools.partial(table_trial, scale=scale)
-    runner = StudyRunner(config, Evaluator(config, "H100"), {"bench": config.name}, _quiet,
-                         trial_fn=trial_fn)  # fmt: skip
+    runner = StudyRunner(
+        config, Evaluator(config, "H100"), {"bench": config.name}, _quiet, trial_fn=trial_fn
+    )
     with count_fallbacks():
         runner.run()
     storage = f"sqlite:///{config.studies_dir}/{config.name}/optuna.db"
     stage = optuna.load_study(study_name=f"{config.name}:parallelism", storage=storage)
-    trials = [t for t in stage.get_trials(states=(optuna.trial.TrialState.COMPLETE,))
-              if t.user_attrs.get(TrialAttr.ROLE) == "search"]  # fmt: skip
+    trials = [
+        t
+        for t in stage.get_trials(states=(optuna.trial.TrialState.COMPLETE,))
+        if t.user_attrs.get(TrialAttr.ROLE) == "search"
+    ]
     assert all(t.user_attrs.get(TrialAttr.STATUS) == "ok" for t in trials)
     start = min(t.datetime_start for t in trials if t.datetime_start)
     end = max(t.datetime_complete for t in trials if t.datetime_complete)
     wall = (end - start).total_seconds()
     tps = [int(t.params["tensor_parallel_size"]) for t in trials]
     ran = [_ran(t) for t in trials]
-    return {"wall_s": wall / scale, "tps": tps, "ran_s": [r / scale for r in ran],
-            "launches": len(trials)}  # fmt: skip
+    return {
+        "wall_s": wall / scale,
+        "tps": tps,
+        "ran_s": [r / scale for r in ran],
+        "launches": len(trials),
+    }
 
 
 def _ran(trial: optuna.trial.FrozenTrial) -> float:
@@ -208,14 +230,22 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=None, help="default: results/executor/<machine>")
     args = ap.parse_args(argv)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    report: dict[str, Any] = {"gpus": GPUS, "scale": args.scale, "startup_s": STARTUP_S,
-                              "measure_s": MEASURE_S, "runs": {}}  # fmt: skip
+    report: dict[str, Any] = {
+        "gpus": GPUS,
+        "scale": args.scale,
+        "startup_s": STARTUP_S,
+        "measure_s": MEASURE_S,
+        "runs": {},
+    }
     scratch = tempfile.TemporaryDirectory(prefix="executor-bench-", dir=SCRATCH)
     with scratch as tmp, local_ray():
         for name, sampler, tps in VARIANTS:
-            runs = {ex: run_stage(stage_config(Path(tmp), ex, sampler, tps, args.seed,
-                                               args.trials), args.scale)
-                    for ex in ("ray", "local")}  # fmt: skip
+            runs = {
+                ex: run_stage(
+                    stage_config(Path(tmp), ex, sampler, tps, args.seed, args.trials), args.scale
+                )
+                for ex in ("ray", "local")
+            }
             report["runs"][name] = figures(runs["ray"], runs["local"])
             print(name, json.dumps(report["runs"][name]), flush=True)
         report["overhead_per_trial_s"] = overhead(Path(tmp), trials=8, seconds=1.0)

@@ -101,10 +101,15 @@ def workload(args: argparse.Namespace) -> WorkloadConfig:
         output_tokens=LengthDist(kind="fixed", mean=args.output_len),
     )
     return WorkloadConfig(
-        classes=[cls], mode="closed", concurrency=args.concurrency, warmup_s=0.0,
-        window_s=3600.0, max_requests=args.num_prompts, request_timeout_s=300.0,
+        classes=[cls],
+        mode="closed",
+        concurrency=args.concurrency,
+        warmup_s=0.0,
+        window_s=3600.0,
+        max_requests=args.num_prompts,
+        request_timeout_s=300.0,
         drain_timeout_s=300.0,
-    )  # fmt: skip
+    )
 
 
 def prompts_file(args: argparse.Namespace, target: Target, out: Path, seed: int) -> Path:
@@ -114,8 +119,10 @@ def prompts_file(args: argparse.Namespace, target: Target, out: Path, seed: int)
     wl = workload(args)
     wl.seed = seed
     path = out / f"prompts-{seed}.jsonl"
-    rows = ({"prompt": r.prompt, "max_tokens": r.max_tokens}
-            for r in build_plan(wl, target.tokenizer, size=args.num_prompts))  # fmt: skip
+    rows = (
+        {"prompt": r.prompt, "max_tokens": r.max_tokens}
+        for r in build_plan(wl, target.tokenizer, size=args.num_prompts)
+    )
     path.write_text("".join(json.dumps(row) + "\n" for row in rows))
     return path
 
@@ -123,11 +130,26 @@ def prompts_file(args: argparse.Namespace, target: Target, out: Path, seed: int)
 def dataset_argv(args: argparse.Namespace, prompts: Path | None) -> list[str]:
     """vllm bench serve's prompts: the shared file, or its own ``random`` dataset."""
     if prompts is None:
-        return ["--dataset-name", "random", "--random-input-len", str(args.input_len),
-                "--random-output-len", str(args.output_len),
-                "--random-range-ratio", "0"]  # fmt: skip
-    return ["--dataset-name", "custom", "--dataset-path", str(prompts), "--disable-shuffle",
-            "--custom-output-len", str(args.output_len), "--skip-chat-template"]  # fmt: skip
+        return [
+            "--dataset-name",
+            "random",
+            "--random-input-len",
+            str(args.input_len),
+            "--random-output-len",
+            str(args.output_len),
+            "--random-range-ratio",
+            "0",
+        ]
+    return [
+        "--dataset-name",
+        "custom",
+        "--dataset-path",
+        str(prompts),
+        "--disable-shuffle",
+        "--custom-output-len",
+        str(args.output_len),
+        "--skip-chat-template",
+    ]
 
 
 def run_vllm_bench(
@@ -135,14 +157,33 @@ def run_vllm_bench(
 ) -> dict[str, float]:
     result_path = out / f"vllm-{seed}.json"
     argv = [
-        "--backend", "vllm", "--base-url", target.base_url, "--endpoint", "/v1/completions",
-        "--model", target.model, "--tokenizer", target.tokenizer,
+        "--backend",
+        "vllm",
+        "--base-url",
+        target.base_url,
+        "--endpoint",
+        "/v1/completions",
+        "--model",
+        target.model,
+        "--tokenizer",
+        target.tokenizer,
         *dataset_argv(args, prompts),
-        "--num-prompts", str(args.num_prompts), "--max-concurrency", str(args.concurrency),
-        "--request-rate", "inf", "--ignore-eos", "--seed", str(seed), "--disable-tqdm",
-        "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,99",
+        "--num-prompts",
+        str(args.num_prompts),
+        "--max-concurrency",
+        str(args.concurrency),
+        "--request-rate",
+        "inf",
+        "--ignore-eos",
+        "--seed",
+        str(seed),
+        "--disable-tqdm",
+        "--percentile-metrics",
+        "ttft,tpot,itl,e2el",
+        "--metric-percentiles",
+        "50,99",
         "--save-detailed",  # keeps the per-request lists in the returned result
-    ]  # fmt: skip
+    ]
     env = dict(os.environ, OPENAI_API_KEY=target.api_key or "", HF_HUB_OFFLINE="1")
     cmd = [sys.executable, "-c", VLLM_BENCH, str(result_path), *argv]
     with (out / f"vllm-{seed}.log").open("wb") as log:
@@ -176,7 +217,9 @@ def run_ours(
     for name in METRICS:
         stats = getattr(m, name)
         row[f"mean_{name}_s"], row[f"p50_{name}_s"], row[f"p99_{name}_s"] = (
-            stats.mean, stats.p50, stats.p99
+            stats.mean,
+            stats.p50,
+            stats.p99,
         )
     done = [r for r in records if r.ok and r.e2e_s is not None]
     span = max(r.sent_at + (r.e2e_s or 0) for r in done) - min(r.sent_at for r in done)
@@ -196,8 +239,12 @@ def user_idle(records: Sequence[RequestRecord]) -> dict[str, float]:
     for r in sorted(records, key=lambda r: r.sent_at):
         by_user.setdefault(r.user, []).append(r)
     tails = [r.done_at - r.finished_at for r in records if r.done_at and r.finished_at]
-    gaps = [b.sent_at - a.done_at for mine in by_user.values()
-            for a, b in itertools.pairwise(mine) if a.done_at]  # fmt: skip
+    gaps = [
+        b.sent_at - a.done_at
+        for mine in by_user.values()
+        for a, b in itertools.pairwise(mine)
+        if a.done_at
+    ]
     return {
         "tail_after_last_token_ms": float(np.median(tails)) * 1000 if tails else math.nan,
         "idle_before_next_send_ms": float(np.median(gaps)) * 1000 if gaps else math.nan,
@@ -231,18 +278,27 @@ def compare(args: argparse.Namespace) -> dict[str, Any]:
             info = server.wait_ready(time.monotonic() + config.server.startup_timeout_s)
             pin(0, args.client_cpus)  # this process starts both clients from here on
             server_cpus = tree_cpus(info.pid)
-            print(f"server threads on CPUs {server_cpus}, clients on "
-                  f"{sorted(os.sched_getaffinity(0))}", flush=True)  # fmt: skip
-            target = Target(info.base_url, server.api_key, config.server.model,
-                            config.server.model)  # fmt: skip
+            print(
+                f"server threads on CPUs {server_cpus}, clients on "
+                f"{sorted(os.sched_getaffinity(0))}",
+                flush=True,
+            )
+            target = Target(info.base_url, server.api_key, config.server.model, config.server.model)
             pairs = ab_rounds(args, target, wl, out)
     return {
-        "workload": {"input_len": args.input_len, "output_len": args.output_len,
-                     "concurrency": args.concurrency, "num_prompts": args.num_prompts},
-        "server_args": {**config.server.args}, "pairs": pairs, "median_ratio": median_ratios(pairs),
-        "server_thread_cpus": server_cpus, "client_cpus": args.client_cpus or "all",
+        "workload": {
+            "input_len": args.input_len,
+            "output_len": args.output_len,
+            "concurrency": args.concurrency,
+            "num_prompts": args.num_prompts,
+        },
+        "server_args": {**config.server.args},
+        "pairs": pairs,
+        "median_ratio": median_ratios(pairs),
+        "server_thread_cpus": server_cpus,
+        "client_cpus": args.client_cpus or "all",
         "prompts": args.prompts,
-    }  # fmt: skip
+    }
 
 
 def ab_rounds(
@@ -258,12 +314,14 @@ def ab_rounds(
             prompts = prompts_file(args, target, out, seed) if args.prompts == "shared" else None
             t0, before = time.monotonic(), scrape(target.base_url, target.api_key)
             row[who] = (
-                run_vllm_bench(args, target, out, seed, prompts) if who == "vllm"
+                run_vllm_bench(args, target, out, seed, prompts)
+                if who == "vllm"
                 else run_ours(target, wl, out, seed, prompts)
-            )  # fmt: skip
+            )
             row[who].update(server_view(row[who], before, scrape(target.base_url, target.api_key)))
-            print(f"round {rnd} {who}: {_fmt(row[who])} ({time.monotonic() - t0:.0f} s)",
-                  flush=True)  # fmt: skip
+            print(
+                f"round {rnd} {who}: {_fmt(row[who])} ({time.monotonic() - t0:.0f} s)", flush=True
+            )
         row["ratio"] = ratios(row["ours"], row["vllm"])
         pairs.append(row)
     return pairs
@@ -276,8 +334,11 @@ def server_view(
     the prefix-cache hit rate, its own mean TTFT, TPOT and E2E, and the client's mean of each
     over the server's (``tpot_over_server`` 1.0: the client timed what the server did). A
     difference between the clients that the server saw too is the server's, not a client's."""
-    out = {"prefix_cache_hit_rate": counter_deltas(before, after).get("prefix_cache_hit_rate",
-                                                                        math.nan)}  # fmt: skip
+    out = {
+        "prefix_cache_hit_rate": counter_deltas(before, after).get(
+            "prefix_cache_hit_rate", math.nan
+        )
+    }
     means = histogram_means(before, after)
     ratios = over_server({m: client[f"mean_{m}_s"] for m in METRICS}, means)
     for m, ratio in ratios.items():

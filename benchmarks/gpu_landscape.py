@@ -41,16 +41,31 @@ def measured(served: Served | None, reason: str = "does_not_fit") -> Measured:
         none = dict.fromkeys(
             ("p50_e2e_s", "p99_e2e_s", "p50_ttft_s", "p99_ttft_s")
         ) | dict.fromkeys(("p50_tpot_s", "p99_tpot_s"))
-        return Measured(False, reason, **none, output_tok_s=0.0, request_per_s=0.0,
-                        error_rate=1.0, completed=0, failed=0)  # fmt: skip
+        return Measured(
+            False,
+            reason,
+            **none,
+            output_tok_s=0.0,
+            request_per_s=0.0,
+            error_rate=1.0,
+            completed=0,
+            failed=0,
+        )
     return Measured(
-        ok=True, reason="",
-        p50_e2e_s=served.p50_e2e_s, p99_e2e_s=served.p99_e2e_s,
-        p50_ttft_s=served.p50_ttft_s, p99_ttft_s=served.p99_ttft_s,
-        p50_tpot_s=served.tpot_s, p99_tpot_s=served.tpot_s,
-        output_tok_s=served.output_tok_s, request_per_s=served.request_per_s, error_rate=0.0,
-        completed=max(1, round(served.request_per_s * WINDOW_S)), failed=0,
-    )  # fmt: skip
+        ok=True,
+        reason="",
+        p50_e2e_s=served.p50_e2e_s,
+        p99_e2e_s=served.p99_e2e_s,
+        p50_ttft_s=served.p50_ttft_s,
+        p99_ttft_s=served.p99_ttft_s,
+        p50_tpot_s=served.tpot_s,
+        p99_tpot_s=served.tpot_s,
+        output_tok_s=served.output_tok_s,
+        request_per_s=served.request_per_s,
+        error_rate=0.0,
+        completed=max(1, round(served.request_per_s * WINDOW_S)),
+        failed=0,
+    )
 
 
 @dataclass(frozen=True)
@@ -70,9 +85,12 @@ class GpuLandscape(Landscape):
     """``{key: [truth]}`` with per-launch multiplicative noise at ``cv``."""
 
     def __init__(
-        self, params: Sequence[str], table: Mapping[Key, Measured], defaults: Mapping[str, Any],
+        self,
+        params: Sequence[str],
+        table: Mapping[Key, Measured],
+        defaults: Mapping[str, Any],
         cv: float = 0.0,
-    ) -> None:  # fmt: skip
+    ) -> None:
         super().__init__(params, {k: [m] for k, m in table.items()}, defaults)
         self.cv = cv
 
@@ -102,11 +120,15 @@ class GpuLandscape(Landscape):
         tok, ttft, tpot = (max(0.05, 1 + self.cv * z) for z in rng.standard_normal(3))
         return replace(
             m,
-            output_tok_s=m.output_tok_s * tok, request_per_s=m.request_per_s * tok,
-            p50_ttft_s=_times(m.p50_ttft_s, ttft), p99_ttft_s=_times(m.p99_ttft_s, ttft),
-            p50_tpot_s=_times(m.p50_tpot_s, tpot), p99_tpot_s=_times(m.p99_tpot_s, tpot),
-            p50_e2e_s=_times(m.p50_e2e_s, tpot), p99_e2e_s=_times(m.p99_e2e_s, tpot),
-        )  # fmt: skip
+            output_tok_s=m.output_tok_s * tok,
+            request_per_s=m.request_per_s * tok,
+            p50_ttft_s=_times(m.p50_ttft_s, ttft),
+            p99_ttft_s=_times(m.p99_ttft_s, ttft),
+            p50_tpot_s=_times(m.p50_tpot_s, tpot),
+            p99_tpot_s=_times(m.p99_tpot_s, tpot),
+            p50_e2e_s=_times(m.p50_e2e_s, tpot),
+            p99_e2e_s=_times(m.p99_e2e_s, tpot),
+        )
 
 
 def _times(value: float | None, factor: float) -> float | None:
@@ -196,8 +218,12 @@ def summarize_run(trace: RunTrace, land: GpuLandscape, ref: GpuReference) -> dic
     last = trace.selected[-1] if trace.selected else None
     final = scores[-1] if scores else 0.0
     row: dict[str, Any] = {
-        "strategy": trace.strategy, "seed": trace.seed, "launches": len(trace.launches),
-        "baseline_launches": stored, "trials_to_97": reached, "trials_to_97_seen": seen,
+        "strategy": trace.strategy,
+        "seed": trace.seed,
+        "launches": len(trace.launches),
+        "baseline_launches": stored,
+        "trials_to_97": reached,
+        "trials_to_97_seen": seen,
         "trials_to_97_stored_baseline": without_baseline(reached, stored),
         "trials_to_97_seen_stored_baseline": without_baseline(seen, stored),
         "final_score": round(final, 4),
@@ -205,12 +231,14 @@ def summarize_run(trace: RunTrace, land: GpuLandscape, ref: GpuReference) -> dic
         "final_config": None if last is None else land.params_of(last),
         "distinct_configs": len({launch.key for launch in trace.launches}),
         "failed_launches": sum(not launch.observed.ok for launch in trace.launches),
-        "stopped": trace.stopped, "independent_samples": trace.independent_samples,
+        "stopped": trace.stopped,
+        "independent_samples": trace.independent_samples,
         "worse_than_defaults": final < ref.defaults_score - 1e-9,
         "worse_than_defaults_3pct": final < ref.defaults_score - (1 - TARGET),
         # what the study says of its hand-over: it meets the SLOs, and on an SLO's edge
-        "believed_feasible": trace.believed_feasible, "on_edge": list(trace.on_edge),
-    }  # fmt: skip
+        "believed_feasible": trace.believed_feasible,
+        "on_edge": list(trace.on_edge),
+    }
     for t in HV_AT:
         row[f"hv_at_{t}"] = round(
             hypervolume(land, [launch.key for launch in trace.launches[:t]]) / ref.hv_grid, 4

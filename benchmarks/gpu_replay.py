@@ -113,9 +113,13 @@ def plain_arms(land: GpuLandscape, seed: int, slo: GpuSlo) -> list[RunTrace]:
 
 
 def strategies(
-    land: GpuLandscape, orders: Sequence[Sequence[str]], staged: int, joint: int,
-    refine: int = 0, prescreen: bool = False,
-) -> list[tuple[StudyStrategy, dict[str, list[str]]]]:  # fmt: skip
+    land: GpuLandscape,
+    orders: Sequence[Sequence[str]],
+    staged: int,
+    joint: int,
+    refine: int = 0,
+    prescreen: bool = False,
+) -> list[tuple[StudyStrategy, dict[str, list[str]]]]:
     """(strategy, its stage groups): staged TPE in each order (with ``prescreen``, each also
     with the plan's pre-screen and seeding), the first order again with a last joint stage of
     ``refine`` trials (study.refine_trials), joint TPE over every param."""
@@ -126,13 +130,15 @@ def strategies(
         name = f"staged_tpe_{staged}_" + "-".join(g[:4] for g in passes)
         out.append((StudyStrategy(name, "staged", "tpe", staged, stages=passes), groups))
         if prescreen:
-            screened = StudyStrategy(f"{name}_prescreen", "staged", "tpe", staged,
-                                     prescreen=True, stages=passes)  # fmt: skip
+            screened = StudyStrategy(
+                f"{name}_prescreen", "staged", "tpe", staged, prescreen=True, stages=passes
+            )
             out.append((screened, groups))
     if refine:
         first, groups = out[0]
-        refined = StudyStrategy(f"{first.name}_refine_{refine}", "staged", "tpe", staged,
-                                refine_trials=refine)  # fmt: skip
+        refined = StudyStrategy(
+            f"{first.name}_refine_{refine}", "staged", "tpe", staged, refine_trials=refine
+        )
         out.insert(1, (refined, groups))
     everything = {"joint": [p for ps in groups_of(land, list(GROUPS)).values() for p in ps]}
     out.append((StudyStrategy(f"joint_tpe_{joint}", "joint", "tpe", joint), everything))
@@ -152,16 +158,21 @@ def estimated_on(config: TunerConfig, table: silicon.SiliconTable, land: GpuLand
     config.plan.model = table.estimator_model
     if table.quantization:
         config.server.args["quantization"] = table.quantization
-    config.workload.classes = [RequestClass(
-        prompt_tokens=LengthDist(mean=table.isl), output_tokens=LengthDist(mean=table.osl)
-    )]  # fmt: skip
+    config.workload.classes = [
+        RequestClass(
+            prompt_tokens=LengthDist(mean=table.isl), output_tokens=LengthDist(mean=table.osl)
+        )
+    ]
     config.workload.concurrency = max(land.values()["max_num_seqs"])
 
 
 def replay(
-    land: GpuLandscape, slo: GpuSlo, seeds: int, arms: Sequence[Arm],
+    land: GpuLandscape,
+    slo: GpuSlo,
+    seeds: int,
+    arms: Sequence[Arm],
     table: silicon.SiliconTable | None = None,
-) -> dict[str, Any]:  # fmt: skip
+) -> dict[str, Any]:
     """Every arm on every seed; ``table``: the silicon table a prescreened arm estimates."""
     ref = reference(land, slo)
     base = gpu_config(land, slo)
@@ -186,32 +197,50 @@ def replay(
 
 def describe(land: GpuLandscape, ref: GpuReference) -> dict[str, Any]:
     return {
-        **asdict(ref), "best_config": land.params_of(ref.best_key), "cv": land.cv,
-        "grid_size": len(land.grid_keys()), "defaults": land.params_of(land.key({})),
+        **asdict(ref),
+        "best_config": land.params_of(ref.best_key),
+        "cv": land.cv,
+        "grid_size": len(land.grid_keys()),
+        "defaults": land.params_of(land.key({})),
         "failed_starts": sum(not land.true(k).ok for k in land.grid_keys()),
-    }  # fmt: skip
+    }
 
 
 def landscape_rows(land: GpuLandscape, slo: GpuSlo) -> list[dict[str, Any]]:
     rows = []
     for key in land.grid_keys():
         m = land.true(key)
-        rows.append({
-            **land.params_of(key), "ok": m.ok, "feasible": slo.met(m),
-            "tok_s_per_gpu": round(land.per_gpu(key), 1),
-            "tok_s_per_user": round(land.per_user(key), 1),
-            "p99_ttft_s": None if m.p99_ttft_s is None else round(m.p99_ttft_s, 3),
-            "p99_tpot_s": None if m.p99_tpot_s is None else round(m.p99_tpot_s, 4),
-        })  # fmt: skip
+        rows.append(
+            {
+                **land.params_of(key),
+                "ok": m.ok,
+                "feasible": slo.met(m),
+                "tok_s_per_gpu": round(land.per_gpu(key), 1),
+                "tok_s_per_user": round(land.per_user(key), 1),
+                "p99_ttft_s": None if m.p99_ttft_s is None else round(m.p99_ttft_s, 3),
+                "p99_tpot_s": None if m.p99_tpot_s is None else round(m.p99_tpot_s, 4),
+            }
+        )
     return sorted(rows, key=lambda r: (not r["feasible"], -r["tok_s_per_gpu"]))
 
 
 COLUMNS = [
-    "strategy", "reached_97", "median_trials_to_97", "median_trials_to_97_pct_of_grid",
-    "median_trials_to_97_seen", "median_final_score", "final_feasible", "worse_than_defaults",
-    "worse_than_defaults_3pct", "switched_worse", "edge_flags", "median_launches",
-    "median_hv_at_5", "median_hv_at_10", "median_hv_at_20",
-]  # fmt: skip
+    "strategy",
+    "reached_97",
+    "median_trials_to_97",
+    "median_trials_to_97_pct_of_grid",
+    "median_trials_to_97_seen",
+    "median_final_score",
+    "final_feasible",
+    "worse_than_defaults",
+    "worse_than_defaults_3pct",
+    "switched_worse",
+    "edge_flags",
+    "median_launches",
+    "median_hv_at_5",
+    "median_hv_at_10",
+    "median_hv_at_20",
+]
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -222,13 +251,22 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--staged-trials", type=int, default=6, help="study.trials_per_stage, staged")
     p.add_argument("--joint-trials", type=int, default=24, help="study.trials_per_stage, joint")
     p.add_argument(
-        "--orders", nargs="+", default=["quantization,parallelism,memory,batching,quantization"],
+        "--orders",
+        nargs="+",
+        default=["quantization,parallelism,memory,batching,quantization"],
         help="stage orders of the staged arms, comma-separated; the first is the default",
-    )  # fmt: skip
-    p.add_argument("--refine-trials", type=int, default=0,
-                   help="also the default order with a last joint stage of this many trials")
-    p.add_argument("--prescreen", action="store_true",
-                   help="each staged arm also with the plan's pre-screen (silicon tables only)")
+    )
+    p.add_argument(
+        "--refine-trials",
+        type=int,
+        default=0,
+        help="also the default order with a last joint stage of this many trials",
+    )
+    p.add_argument(
+        "--prescreen",
+        action="store_true",
+        help="each staged arm also with the plan's pre-screen (silicon tables only)",
+    )
     p.add_argument("--slo-ttft", type=float, default=None, help="P99 TTFT SLO (s); default median")
     p.add_argument("--slo-tpot", type=float, default=None, help="P99 TPOT SLO (s); default median")
     p.add_argument("--out", type=Path, default=None)
@@ -244,8 +282,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     measured_on = silicon.TABLES.get(args.landscape) if args.prescreen else None
     if args.prescreen and measured_on is None:  # the estimator would be grading its own numbers
         raise SystemExit("--prescreen needs a silicon table: an estimated landscape is the plan's")
-    arms = strategies(land, orders, args.staged_trials, args.joint_trials, args.refine_trials,
-                      args.prescreen)  # fmt: skip
+    arms = strategies(
+        land, orders, args.staged_trials, args.joint_trials, args.refine_trials, args.prescreen
+    )
     out_root = args.out or results("search_efficiency", "gpu", args.landscape)
     for cv in args.cv:
         t0 = time.monotonic()

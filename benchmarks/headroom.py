@@ -85,17 +85,25 @@ def headroom(args: argparse.Namespace) -> dict[str, Any]:
     ok = [lv for lv in levels if lv["ttft_p99_shift_ms"] <= args.shift_ms]
     return {
         "fake": {"ttft_s": args.ttft, "itl_s": args.itl, "output_tokens": args.output_len},
-        "window_s": args.window, "levels": levels, "shift_limit_ms": args.shift_ms,
+        "window_s": args.window,
+        "levels": levels,
+        "shift_limit_ms": args.shift_ms,
         "sustained_events_per_s": max((lv["events_per_s"] for lv in ok), default=None),
-    }  # fmt: skip
+    }
 
 
 def _level(fake: Any, target: Target, users: int, args: argparse.Namespace, out: Path) -> dict:
     cls = RequestClass(
         prompt_tokens=LengthDist(mean=32), output_tokens=LengthDist(mean=args.output_len)
     )
-    wl = WorkloadConfig(classes=[cls], mode="closed", concurrency=users, warmup_s=2.0,
-                        window_s=args.window, drain_timeout_s=30.0)  # fmt: skip
+    wl = WorkloadConfig(
+        classes=[cls],
+        mode="closed",
+        concurrency=users,
+        warmup_s=2.0,
+        window_s=args.window,
+        drain_timeout_s=30.0,
+    )
     cpu = CpuWatch()
     t0 = time.monotonic()
     result = LocustLoadGenerator().run(target, wl, out, cpu.watch)
@@ -111,10 +119,13 @@ def _level(fake: Any, target: Target, users: int, args: argparse.Namespace, out:
         float(np.percentile(server_ttft, 99)) * 1000,
     )
     return {
-        "users": users, "events_per_s": round(events / m.window_s), "completed": m.completed,
-        "errors": m.failed, "client_ttft_p99_ms": round(client_p99, 2),
+        "users": users,
+        "events_per_s": round(events / m.window_s),
+        "completed": m.completed,
+        "errors": m.failed,
+        "client_ttft_p99_ms": round(client_p99, 2),
         "server_ttft_p99_ms": round(server_p99, 2),
         "client_minus_server_p99_ms": round(client_p99 - server_p99, 2),
         "itl_p50_ms": round((m.itl.p50 or 0) * 1000, 2),
         "client_cpu_cores": round(cpu.cpu_s / wall, 2),  # averaged over the whole run
-    }  # fmt: skip
+    }

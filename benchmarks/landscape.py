@@ -77,9 +77,18 @@ class Measured:
 
 
 _METRIC_COLUMNS = (
-    "p50_e2e_s", "p99_e2e_s", "p50_ttft_s", "p99_ttft_s", "p50_tpot_s", "p99_tpot_s",
-    "output_tok_s", "request_per_s", "error_rate", "completed", "failed",
-)  # fmt: skip
+    "p50_e2e_s",
+    "p99_e2e_s",
+    "p50_ttft_s",
+    "p99_ttft_s",
+    "p50_tpot_s",
+    "p99_tpot_s",
+    "output_tok_s",
+    "request_per_s",
+    "error_rate",
+    "completed",
+    "failed",
+)
 
 
 @dataclass(frozen=True)
@@ -227,11 +236,16 @@ def landscape_rows(land: Landscape, slo: float) -> list[dict[str, Any]]:
         t = land.truth(key)
         tok = [r.output_tok_s for r in reps if r.ok]
         p99 = [r.p99_e2e_s or 0.0 for r in reps if r.ok]
-        rows.append({
-            **{p: ("default" if v is None else v) for p, v in land.params_of(key).items()},
-            "repeats": len(reps), "failed": sum(not r.ok for r in reps),
-            "output_tok_s": round(t.output_tok_s, 1), "p99_e2e_s": round(t.p99_e2e_s, 3),
-            "feasible": t.feasible(slo),
-            "tok_s_spread": _spread(tok), "p99_spread": _spread(p99),
-        })  # fmt: skip
+        rows.append(
+            {
+                **{p: ("default" if v is None else v) for p, v in land.params_of(key).items()},
+                "repeats": len(reps),
+                "failed": sum(not r.ok for r in reps),
+                "output_tok_s": round(t.output_tok_s, 1),
+                "p99_e2e_s": round(t.p99_e2e_s, 3),
+                "feasible": t.feasible(slo),
+                "tok_s_spread": _spread(tok),
+                "p99_spread": _spread(p99),
+            }
+        )
     return sorted(rows, key=lambda r: -r["output_tok_s"])

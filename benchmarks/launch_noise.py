@@ -82,8 +82,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 row(arm, n, outcome, sub_window_rates(outcome, trial.requests, args.windows))
             )
             print(json.dumps(rows[-1]), flush=True)
-    return {"rows": rows, "analysis": analyse(rows), "overrides": args.overrides,
-            "sub_window_s": args.sub_window, **_machine()}  # fmt: skip
+    return {
+        "rows": rows,
+        "analysis": analyse(rows),
+        "overrides": args.overrides,
+        "sub_window_s": args.sub_window,
+        **_machine(),
+    }
 
 
 def row(arm: str, n: int, outcome: TrialOutcome, rates: list[float]) -> dict[str, Any]:
@@ -131,8 +136,11 @@ def _machine() -> dict[str, Any]:
 
 
 def table(result: Mapping[str, Any]) -> str:
-    lines = ["| arm | launches | windows | SD one window | SD between launches | SD of a launch's "
-             "mean | F | p (launches differ) |", "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    lines = [
+        "| arm | launches | windows | SD one window | SD between launches | SD of a launch's "
+        "mean | F | p (launches differ) |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for arm, c in result["analysis"].items():
         if not isinstance(c, dict):  # the twin ratio and the window profile
             continue
@@ -149,8 +157,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--launches", type=int, default=10, help="in all, the arms alternating")
     p.add_argument("--windows", type=int, default=4, help="sub-windows per launch")
     p.add_argument("--sub-window", type=float, default=10.0, help="seconds per sub-window")
-    p.add_argument("--out", type=Path, default=None,
-                   help="default: results/noise/<machine>/<users>users")  # fmt: skip
+    p.add_argument(
+        "--out", type=Path, default=None, help="default: results/noise/<machine>/<users>users"
+    )
     p.add_argument("--analyse", action="store_true", help="no server: analyse --out's rows again")
     p.add_argument("overrides", nargs="*", help="Hydra overrides for both arms")
     args = p.parse_args(argv)
@@ -160,8 +169,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def users(overrides: Sequence[str]) -> str:
     """The closed-loop users these overrides leave the arms with (the last one given wins)."""
-    given = [o.split("=", 1)[1] for o in [*WORKLOAD, *overrides]
-             if o.startswith("workload.concurrency=")]  # fmt: skip
+    given = [
+        o.split("=", 1)[1] for o in [*WORKLOAD, *overrides] if o.startswith("workload.concurrency=")
+    ]
     return given[-1]
 
 

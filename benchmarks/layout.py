@@ -33,8 +33,14 @@ def machine() -> str:
     words = cpu.model.lower().replace("(r)", " ").split()
     line = next((w for w in ("epyc", "xeon") if w in words), words[0] if words else "cpu")
     flags = cpu.flags
-    isa = next((name for flag, name in (("amx_tile", "amx"), ("avx512f", "avx512"),
-                                        ("avx2", "avx2")) if flag in flags), "x86")  # fmt: skip
+    isa = next(
+        (
+            name
+            for flag, name in (("amx_tile", "amx"), ("avx512f", "avx512"), ("avx2", "avx2"))
+            if flag in flags
+        ),
+        "x86",
+    )
     return f"{line}_{isa}_{len(os.sched_getaffinity(0))}core"
 
 

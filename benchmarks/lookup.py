@@ -144,16 +144,22 @@ class StudyStrategy:
 
 
 def study_config(
-    base: TunerConfig, s: StudyStrategy, space: Mapping[str, Mapping[str, ParamSpec]],
-    slo: float, seed: int, folder: Path,
-) -> TunerConfig:  # fmt: skip
+    base: TunerConfig,
+    s: StudyStrategy,
+    space: Mapping[str, Mapping[str, ParamSpec]],
+    slo: float,
+    seed: int,
+    folder: Path,
+) -> TunerConfig:
     config = copy.deepcopy(base)
     config.name, config.studies_dir = f"replay-{s.name}-{seed}", str(folder)
     config.search_space = {g: dict(specs) for g, specs in space.items()}
     config.study.strategy, config.study.stages = s.strategy, list(s.stages or space)
     config.study.trials_per_stage, config.study.repeats, config.study.seed = (
-        s.trials_per_stage, s.repeats, seed,
-    )  # fmt: skip
+        s.trials_per_stage,
+        s.repeats,
+        seed,
+    )
     config.study.refine_trials = s.refine_trials
     config.study.baseline_measurements, config.study.noise = s.baseline_measurements, s.noise
     config.study.count_search_window = s.count_search_window
@@ -168,9 +174,13 @@ def study_config(
 
 
 def run_study(
-    land: Landscape, base: TunerConfig, s: StudyStrategy,
-    space: Mapping[str, Mapping[str, ParamSpec]], slo: float, seed: int,
-) -> RunTrace:  # fmt: skip
+    land: Landscape,
+    base: TunerConfig,
+    s: StudyStrategy,
+    space: Mapping[str, Mapping[str, ParamSpec]],
+    slo: float,
+    seed: int,
+) -> RunTrace:
     trace = RunTrace(s.name, seed)
     rng = np.random.default_rng(seed)
     with tempfile.TemporaryDirectory(prefix="replay-", dir=SCRATCH) as tmp:

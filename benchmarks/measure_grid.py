@@ -47,13 +47,30 @@ from tuner import (
 )
 
 METRIC_COLUMNS = [
-    "status", "reason",
-    "p50_e2e_s", "p99_e2e_s", "p50_ttft_s", "p99_ttft_s", "p50_tpot_s", "p99_tpot_s",
-    "output_tok_s", "output_token_rate", "request_per_s", "cost_per_m_tok", "error_rate",
-    "completed", "failed",
-    "kv_cache_tokens", "startup_s", "trial_s", "client_saturated", "loadavg_1m", "started_at",
-    "errors_by_kind", "message",
-]  # fmt: skip
+    "status",
+    "reason",
+    "p50_e2e_s",
+    "p99_e2e_s",
+    "p50_ttft_s",
+    "p99_ttft_s",
+    "p50_tpot_s",
+    "p99_tpot_s",
+    "output_tok_s",
+    "output_token_rate",
+    "request_per_s",
+    "cost_per_m_tok",
+    "error_rate",
+    "completed",
+    "failed",
+    "kv_cache_tokens",
+    "startup_s",
+    "trial_s",
+    "client_saturated",
+    "loadavg_1m",
+    "started_at",
+    "errors_by_kind",
+    "message",
+]
 
 
 @dataclass(frozen=True)
@@ -244,8 +261,11 @@ def measure(args: argparse.Namespace) -> int:
     study = StudyPaths.for_study(config.studies_dir, config.name)
     grid = GRIDS[args.grid]
     done = done_keys(args.csv)
-    todo = [(r, p) for r, p in schedule(grid.points(), args.repeats, args.seed) if
-            (p.config_id, r) not in done]  # fmt: skip
+    todo = [
+        (r, p)
+        for r, p in schedule(grid.points(), args.repeats, args.seed)
+        if (p.config_id, r) not in done
+    ]
     print(f"{len(done)} rows in {args.csv}; {len(todo)} to measure", flush=True)
     for i, (rep, point) in enumerate(todo):
         if args.dry_run:

@@ -76,8 +76,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 rows.append(row(arm, rnd, outcome))
                 print(json.dumps(rows[-1]), flush=True)
     cpu = read_cpuinfo()
-    return {"rows": rows, "ratios": ratios(rows), "overrides": args.overrides,
-            "cpu": cpu.model, "isa": cpu.isa, "users": config.workload.concurrency}  # fmt: skip
+    return {
+        "rows": rows,
+        "ratios": ratios(rows),
+        "overrides": args.overrides,
+        "cpu": cpu.model,
+        "isa": cpu.isa,
+        "users": config.workload.concurrency,
+    }
 
 
 def ratios(rows: Sequence[dict[str, Any]]) -> dict[str, float]:
@@ -93,9 +99,20 @@ def ratios(rows: Sequence[dict[str, Any]]) -> dict[str, float]:
 
 
 def table(result: dict[str, Any]) -> str:
-    cols = ["arm", "round", "output_tok_s", "output_token_rate", "p99_e2e_s", "p99_ttft_s",
-            *(f"{k}_over_server" for k in RATIOS), "clock_check_flagged", "server_cores",
-            "client_cores", "server_cpus", "client_cpus"]  # fmt: skip
+    cols = [
+        "arm",
+        "round",
+        "output_tok_s",
+        "output_token_rate",
+        "p99_e2e_s",
+        "p99_ttft_s",
+        *(f"{k}_over_server" for k in RATIOS),
+        "clock_check_flagged",
+        "server_cores",
+        "client_cores",
+        "server_cpus",
+        "client_cpus",
+    ]
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     lines += ["| " + " | ".join(str(r[c]) for c in cols) + " |" for r in result["rows"]]
     return "\n".join(lines)

@@ -86,17 +86,23 @@ def estimate_rows(d: pd.DataFrame) -> pd.DataFrame:
 def per_group(d: pd.DataFrame) -> list[dict[str, Any]]:
     """Rank agreement per system and model (and precision)."""
     out = []
-    for (system, model, prec), g in d.groupby(["system", "model_path", "gemm_quant_mode"],
-                                              dropna=False):  # fmt: skip
+    for (system, model, prec), g in d.groupby(
+        ["system", "model_path", "gemm_quant_mode"], dropna=False
+    ):
         tpot = estimate_vs_measured(list(g["est_tpot_ms"]), list(g["silicon_tpot_ms"]), "tpot")
         ttft = estimate_vs_measured(list(g["est_ttft_ms"]), list(g["silicon_ttft_ms"]), "ttft")
-        out.append({
-            "system": system, "model": model,
-            "precision": prec if isinstance(prec, str) else "bf16",
-            "runs": len(g), "estimated": tpot.n,
-            "tpot": tpot.__dict__, "ttft": ttft.__dict__,
-            "best_tp": best_tp(g),
-        })  # fmt: skip
+        out.append(
+            {
+                "system": system,
+                "model": model,
+                "precision": prec if isinstance(prec, str) else "bf16",
+                "runs": len(g),
+                "estimated": tpot.n,
+                "tpot": tpot.__dict__,
+                "ttft": ttft.__dict__,
+                "best_tp": best_tp(g),
+            }
+        )
     return out
 
 
@@ -138,8 +144,10 @@ def _pick(d: pd.DataFrame, tpot_col: str, slo: float) -> pd.Series | None:
     ok = d[d[tpot_col] <= slo]
     if ok.empty:
         return None
-    score = [_per_gpu(t, int(b), int(tp)) for t, b, tp in
-             zip(ok[tpot_col], ok["batch_size"], ok["tp_size"], strict=True)]  # fmt: skip
+    score = [
+        _per_gpu(t, int(b), int(tp))
+        for t, b, tp in zip(ok[tpot_col], ok["batch_size"], ok["tp_size"], strict=True)
+    ]
     return ok.iloc[int(pd.Series(score).idxmax())]
 
 
@@ -171,13 +179,21 @@ def figure(d: pd.DataFrame, path: Path) -> None:
     shown = d.dropna(subset=["est_tpot_ms"])
     for ax, metric in zip(axes, ("tpot", "ttft"), strict=True):
         for (system, model), g in shown.groupby(["system", "model_path"]):
-            ax.scatter(g[f"est_{metric}_ms"], g[f"silicon_{metric}_ms"], s=10,
-                       label=f"{system} {model.split('/')[-1]}")  # fmt: skip
+            ax.scatter(
+                g[f"est_{metric}_ms"],
+                g[f"silicon_{metric}_ms"],
+                s=10,
+                label=f"{system} {model.split('/')[-1]}",
+            )
         lo = min(shown[f"est_{metric}_ms"].min(), shown[f"silicon_{metric}_ms"].min())
         hi = max(shown[f"est_{metric}_ms"].max(), shown[f"silicon_{metric}_ms"].max())
         ax.plot([lo, hi], [lo, hi], color="0.6", lw=1)
-        ax.set(xscale="log", yscale="log", xlabel=f"estimated {metric.upper()} (ms)",
-               ylabel=f"measured {metric.upper()} (ms)")  # fmt: skip
+        ax.set(
+            xscale="log",
+            yscale="log",
+            xlabel=f"estimated {metric.upper()} (ms)",
+            ylabel=f"measured {metric.upper()} (ms)",
+        )
         ax.grid(alpha=0.3)
     axes[0].legend(fontsize=7)
     title = "tuner plan (AIConfigurator 0.12, vLLM 0.24.0 data) vs NVIDIA's measured vLLM runs"
@@ -201,8 +217,9 @@ def ttft_slopes(d: pd.DataFrame) -> pd.DataFrame:
         row = dict(zip(keys, key, strict=True))
         run = (str(row["system"]), str(row["model_path"]), int(row["isl"]), int(row["osl"]))
         in_table = any(t.holds(*run) for t in TABLES.values())
-        rows.append({**row, "runs": len(g), "slope": float(np.polyfit(x, y, 1)[0]),
-                     "in_table": in_table})  # fmt: skip
+        rows.append(
+            {**row, "runs": len(g), "slope": float(np.polyfit(x, y, 1)[0]), "in_table": in_table}
+        )
     return pd.DataFrame(rows)
 
 
@@ -229,9 +246,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     (args.out / "ttft_slope.md").write_text(scoring.markdown(rows) + "\n")
     held = slopes[~slopes["in_table"]]["slope"]
     print(table)
-    print(f"TTFT measured/estimated ~ batch**slope over {len(held)} groups no replay table "
-          f"searches: median {held.median():.2f}, quartiles {held.quantile(0.25):.2f}-"
-          f"{held.quantile(0.75):.2f} (tuner.plan.table.TTFT_SLOPE)")
+    print(
+        f"TTFT measured/estimated ~ batch**slope over {len(held)} groups no replay table "
+        f"searches: median {held.median():.2f}, quartiles {held.quantile(0.25):.2f}-"
+        f"{held.quantile(0.75):.2f} (tuner.plan.table.TTFT_SLOPE)"
+    )
     print(f"written: {args.out}")
     return 0
 

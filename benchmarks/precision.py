@@ -31,8 +31,15 @@ DEFAULT_OUT = results("precision", "epyc_avx512_2core", "precision")
 # output_token_rate: tokens generated inside the window per second (the request-count
 # output_tok_s moves in steps of whole requests and cannot tell close configurations apart);
 # kv_cache_tokens: the KV capacity vLLM reported at start-up.
-METRICS = ["output_token_rate", "p50_e2e_s", "p99_e2e_s", "p50_ttft_s", "p99_ttft_s",
-           "p50_tpot_s", "kv_cache_tokens"]  # fmt: skip
+METRICS = [
+    "output_token_rate",
+    "p50_e2e_s",
+    "p99_e2e_s",
+    "p50_ttft_s",
+    "p99_ttft_s",
+    "p50_tpot_s",
+    "kv_cache_tokens",
+]
 BATCH = "max_num_seqs"
 
 
@@ -56,8 +63,10 @@ def _batch_order(index: pd.Index) -> pd.Index:
 
 
 def _rows(frame: pd.DataFrame) -> list[dict[str, Any]]:
-    return [{k: (round(v, 3) if isinstance(v, float) else v) for k, v in row.items()}
-            for row in frame.to_dict("records")]  # fmt: skip
+    return [
+        {k: (round(v, 3) if isinstance(v, float) else v) for k, v in row.items()}
+        for row in frame.to_dict("records")
+    ]
 
 
 def summarize(frame: pd.DataFrame) -> dict[str, Any]:

@@ -70,8 +70,15 @@ from benchmarks.scoring import (
 from tuner import NOISE_RULES, ParamSpec, TunerConfig, compose
 
 # Re-exported for tests/unit/test_replay.py and test_study.py, which reach the harness here.
-__all__ = ["Measured", "StudyStrategy", "count_fallbacks", "lookup_trials", "outcome_of",
-           "run_study", "study_config"]  # fmt: skip
+__all__ = [
+    "Measured",
+    "StudyStrategy",
+    "count_fallbacks",
+    "lookup_trials",
+    "outcome_of",
+    "run_study",
+    "study_config",
+]
 
 DEFAULT_CSV = DATA / "grid_vllm_cpu.csv"
 
@@ -95,17 +102,26 @@ def run_grid(land: Landscape, slo: float, seed: int) -> RunTrace:
 
 # ---- the benchmark -----------------------------------------------------------------------
 def default_strategies(
-    joint_trials: Sequence[int], staged_trials: Sequence[int], refine_trials: int,
+    joint_trials: Sequence[int],
+    staged_trials: Sequence[int],
+    refine_trials: int,
     staged_samplers: Sequence[str] = ("tpe",),
-) -> list[StudyStrategy]:  # fmt: skip
+) -> list[StudyStrategy]:
     """Tuner's staged search with each sampler at each stage budget (with and without the final
     joint refinement), and every sampler over the joint space at each budget."""
     out = []
     for sampler, n in itertools.product(staged_samplers, staged_trials):
         out.append(StudyStrategy(f"staged_{sampler}_{n}", "staged", sampler, n))
         if refine_trials:
-            out.append(StudyStrategy(f"staged_{sampler}_{n}_refine_{refine_trials}", "staged",
-                                     sampler, n, refine_trials=refine_trials))  # fmt: skip
+            out.append(
+                StudyStrategy(
+                    f"staged_{sampler}_{n}_refine_{refine_trials}",
+                    "staged",
+                    sampler,
+                    n,
+                    refine_trials=refine_trials,
+                )
+            )
     for n in joint_trials:
         out += [
             StudyStrategy(f"joint_tpe_{n}", "joint", "tpe", n),
@@ -143,21 +159,30 @@ def chosen(strategies: Sequence[StudyStrategy], only: Sequence[str]) -> list[Stu
 
 
 def with_settings(
-    strategies: Sequence[StudyStrategy], rules: Sequence[str], windows: Sequence[str],
-    repeats: int, baselines: int,
-) -> list[StudyStrategy]:  # fmt: skip
+    strategies: Sequence[StudyStrategy],
+    rules: Sequence[str],
+    windows: Sequence[str],
+    repeats: int,
+    baselines: int,
+) -> list[StudyStrategy]:
     """Each strategy under each noise rule and search-window setting (named
     <strategy>[_<rule>][_drop] where they differ from the defaults pooled and count), with these
     repeats and baseline measurements."""
     return [
-        replace(s, name=s.name + ("" if rule == "pooled" else f"_{rule}")
-                + ("" if SEARCH_WINDOW[window] else "_drop"),
-                noise=rule, count_search_window=SEARCH_WINDOW[window],
-                repeats=repeats, baseline_measurements=baselines)
+        replace(
+            s,
+            name=s.name
+            + ("" if rule == "pooled" else f"_{rule}")
+            + ("" if SEARCH_WINDOW[window] else "_drop"),
+            noise=rule,
+            count_search_window=SEARCH_WINDOW[window],
+            repeats=repeats,
+            baseline_measurements=baselines,
+        )
         for window in windows
         for rule in rules
         for s in strategies
-    ]  # fmt: skip
+    ]
 
 
 def categorical_space(
@@ -172,10 +197,14 @@ def categorical_space(
 
 
 def replay(
-    land: Landscape, base: TunerConfig, groups: Mapping[str, Sequence[str]], seeds: int,
-    strategies: Sequence[StudyStrategy], slo: float | None = None,
+    land: Landscape,
+    base: TunerConfig,
+    groups: Mapping[str, Sequence[str]],
+    seeds: int,
+    strategies: Sequence[StudyStrategy],
+    slo: float | None = None,
     say: Callable[[str], None] = quiet,
-) -> dict[str, Any]:  # fmt: skip
+) -> dict[str, Any]:
     """Run every strategy over ``seeds`` seeds; per-run rows and per-strategy medians."""
     ref = reference(land, slo if slo is not None else median_slo(land))
     space = categorical_space(land, groups)
@@ -207,9 +236,13 @@ def replay(
 
 
 def explain(
-    land: Landscape, base: TunerConfig, groups: Mapping[str, Sequence[str]],
-    strategies: Sequence[StudyStrategy], seeds: int, slo: float | None,
-) -> int:  # fmt: skip
+    land: Landscape,
+    base: TunerConfig,
+    groups: Mapping[str, Sequence[str]],
+    strategies: Sequence[StudyStrategy],
+    seeds: int,
+    slo: float | None,
+) -> int:
     """Why each run handed over what it did: its launches, observations and stage decisions."""
     ref = reference(land, slo if slo is not None else median_slo(land))
     space = categorical_space(land, groups)
@@ -273,24 +306,31 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "replays used; tuner's own default is runtime first)",
     )
     p.add_argument(
-        "--only", nargs="+", default=["standard"],
+        "--only",
+        nargs="+",
+        default=["standard"],
         help=f"StudyRunner strategies to run, by name or set ({', '.join(STRATEGY_SETS)})",
-    )  # fmt: skip
+    )
     # Acceptance settings: each value after the default replays every strategy again.
     for flag, values, key in (
         ("--noise", list(NOISE_RULES), "study.noise"),
         ("--search-window", list(SEARCH_WINDOW), "study.count_search_window"),
     ):
         p.add_argument(
-            flag, nargs="+", choices=values, default=values[:1],
+            flag,
+            nargs="+",
+            choices=values,
+            default=values[:1],
             help=f"{key} of the StudyRunner runs; each value after {values[0]!r} adds every "
             "strategy again, named <strategy>_<value>, on the same seeds",
-        )  # fmt: skip
+        )
     p.add_argument("--repeats", type=int, default=2, help="study.repeats of the StudyRunner runs")
     p.add_argument(
-        "--baseline-measurements", type=int, default=3,
+        "--baseline-measurements",
+        type=int,
+        default=3,
         help="study.baseline_measurements of the StudyRunner runs (the quickstart: 2)",
-    )  # fmt: skip
+    )
     p.add_argument(
         "--explain",
         action="store_true",
@@ -331,8 +371,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     result = replay(land, base, groups, args.seeds, strategies, args.slo, say=print)
     result["reference"]["throughput_column"] = args.throughput
     result["reference"]["stages"] = list(groups)
-    result["reference"]["table"] = str(args.csv.relative_to(ROOT) if args.csv.is_absolute()
-                                       and args.csv.is_relative_to(ROOT) else args.csv)  # fmt: skip
+    result["reference"]["table"] = str(
+        args.csv.relative_to(ROOT)
+        if args.csv.is_absolute() and args.csv.is_relative_to(ROOT)
+        else args.csv
+    )
     result["elapsed_s"] = round(time.monotonic() - t0, 1)
     out = args.out or default_out(args.csv, args.stages, args.slo)
     out.mkdir(parents=True, exist_ok=True)

@@ -45,11 +45,13 @@ def twin_table(path: Path, concurrency: int, metric: str) -> pd.DataFrame:
 def group_summary(table: pd.DataFrame) -> pd.DataFrame:
     """Per twin group with ≥ 2 configurations: how far its identical servers measured apart."""
     g = table.groupby("group")
-    out = pd.DataFrame({
-        "twins": g.size(),
-        "twin_spread": g["mean"].max() / g["mean"].min() - 1,
-        "median_repeat_spread": g["repeat_spread"].median(),
-    })
+    out = pd.DataFrame(
+        {
+            "twins": g.size(),
+            "twin_spread": g["mean"].max() / g["mean"].min() - 1,
+            "median_repeat_spread": g["repeat_spread"].median(),
+        }
+    )
     return out[out["twins"] >= 2]
 
 
@@ -65,8 +67,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(table.round(3).to_string(index=False))
     print()
     print(summary.round(3).to_string())
-    print(f"\nlargest twin spread: {summary['twin_spread'].max():.1%}; "
-          f"median repeat spread: {table['repeat_spread'].median():.1%}")
+    print(
+        f"\nlargest twin spread: {summary['twin_spread'].max():.1%}; "
+        f"median repeat spread: {table['repeat_spread'].median():.1%}"
+    )
     return 0
 
 

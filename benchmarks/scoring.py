@@ -171,16 +171,20 @@ def aggregate(rows: Sequence[dict[str, Any]], grid_size: int) -> list[dict[str, 
             f"reached_97_in_{budget}": _within(mine, "trials_to_97", budget),
             f"seen_97_in_{budget}": _within(mine, "trials_to_97_seen", budget),
             "median_trials_to_97": med,
-            "median_trials_to_97_pct_of_grid": None if med is None
+            "median_trials_to_97_pct_of_grid": None
+            if med is None
             else round(100 * med / grid_size, 1),
             "median_trials_to_97_seen": _median_trials(mine, "trials_to_97_seen"),
             # A later study on the same fingerprint reuses the stored baseline (0 launches).
-            f"reached_97_in_{budget}_stored_baseline":
-                _within(mine, "trials_to_97_stored_baseline", budget),
-            f"seen_97_in_{budget}_stored_baseline":
-                _within(mine, "trials_to_97_seen_stored_baseline", budget),
-            "median_trials_to_97_stored_baseline":
-                _median_trials(mine, "trials_to_97_stored_baseline"),
+            f"reached_97_in_{budget}_stored_baseline": _within(
+                mine, "trials_to_97_stored_baseline", budget
+            ),
+            f"seen_97_in_{budget}_stored_baseline": _within(
+                mine, "trials_to_97_seen_stored_baseline", budget
+            ),
+            "median_trials_to_97_stored_baseline": _median_trials(
+                mine, "trials_to_97_stored_baseline"
+            ),
             # handed over a truly feasible configuration at the end (whatever its score)
             "final_feasible": f"{sum(1 for r in mine if r['final_score'] > 0)}/{len(mine)}",
             "median_final_score": round(statistics.median(r["final_score"] for r in mine), 4),
@@ -188,7 +192,7 @@ def aggregate(rows: Sequence[dict[str, Any]], grid_size: int) -> list[dict[str, 
             "switched_worse": f"{sum(1 for r in mine if r['worse_switches'])}/{len(mine)}",
             "median_launches": statistics.median(r["launches"] for r in mine),
             "independent_samples": statistics.median(r["independent_samples"] for r in mine),
-        }  # fmt: skip
+        }
         for t in HV_AT:
             line[f"median_hv_at_{t}"] = round(statistics.median(r[f"hv_at_{t}"] for r in mine), 4)
         out.append(line)
@@ -198,8 +202,9 @@ def aggregate(rows: Sequence[dict[str, Any]], grid_size: int) -> list[dict[str, 
 def markdown(summary: Sequence[dict[str, Any]]) -> str:
     cols = list(summary[0])
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-    lines += ["| " + " | ".join("-" if r[c] is None else str(r[c]) for c in cols) + " |"
-              for r in summary]  # fmt: skip
+    lines += [
+        "| " + " | ".join("-" if r[c] is None else str(r[c]) for c in cols) + " |" for r in summary
+    ]
     return "\n".join(lines)
 
 

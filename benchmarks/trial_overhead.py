@@ -44,8 +44,18 @@ from tuner import (
 )
 
 TARGET_OVERHEAD = 0.05
-PARTS = ("startup", "client_start", "warmup", "window", "drain", "client_exit", "quality_set",
-         "analysis", "teardown", "unaccounted")  # fmt: skip
+PARTS = (
+    "startup",
+    "client_start",
+    "warmup",
+    "window",
+    "drain",
+    "client_exit",
+    "quality_set",
+    "analysis",
+    "teardown",
+    "unaccounted",
+)
 
 
 class Probes:
@@ -137,11 +147,19 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 probes_by_trial.append(probes.take())
                 print(f"trial {i}: " + ", ".join(f"{k} {v:.2f}" for k, v in row.items()))
                 print(f"  probes: {probes_by_trial[-1]}", flush=True)
-        workload = {"warmup_s": config.workload.warmup_s, "window_s": config.workload.window_s,
-                    "concurrency": config.workload.concurrency}  # fmt: skip
-    return {"trials": rows, "median": _median(rows), "workload": workload,
-            "probes": probes_by_trial,
-            "overrides": args.overrides, "target_overhead_share": TARGET_OVERHEAD}  # fmt: skip
+        workload = {
+            "warmup_s": config.workload.warmup_s,
+            "window_s": config.workload.window_s,
+            "concurrency": config.workload.concurrency,
+        }
+    return {
+        "trials": rows,
+        "median": _median(rows),
+        "workload": workload,
+        "probes": probes_by_trial,
+        "overrides": args.overrides,
+        "target_overhead_share": TARGET_OVERHEAD,
+    }
 
 
 def _median(rows: Sequence[dict[str, float]]) -> dict[str, float]:

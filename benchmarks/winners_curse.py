@@ -29,9 +29,15 @@ CVS = (0.05, 0.10)
 
 
 def accept_rate(
-    gain: float, cv: float, baselines: int, repeats: int, count_window: bool,
-    k: int = 4, draws: int = 3000, seed: int = 7,
-) -> float:  # fmt: skip
+    gain: float,
+    cv: float,
+    baselines: int,
+    repeats: int,
+    count_window: bool,
+    k: int = 4,
+    draws: int = 3000,
+    seed: int = 7,
+) -> float:
     """The share of ``draws`` stages that hand over the winner (same seed: the same draws for
     both settings of ``count_window``)."""
     rng = np.random.default_rng(seed)
@@ -41,9 +47,11 @@ def accept_rate(
         window = float(1000.0 * (1 + gain) * np.exp(rng.normal(0, cv, k)).max())
         fresh = list(1000.0 * (1 + gain) * np.exp(rng.normal(0, cv, repeats)))
         cand = [window] * count_window + fresh
-        d = decide(Comparison(
-            "s", "tok_s", "maximize", inc, cand, True, 0.03, pooled=NoiseEstimate.of(inc, cand)
-        ))
+        d = decide(
+            Comparison(
+                "s", "tok_s", "maximize", inc, cand, True, 0.03, pooled=NoiseEstimate.of(inc, cand)
+            )
+        )
         accepted += d.accepted
     return accepted / draws
 
@@ -61,11 +69,15 @@ def table() -> list[dict[str, Any]]:
 
 
 def main() -> int:
-    text = write_markdown(OUT, (
-        "Share of stages that hand over a winner truly `gain` better than the incumbent; each "
-        "cell: count | drop (study.count_search_window), 4 configurations searched, 3,000 "
-        "stages, seed 7."
-    ), table())  # fmt: skip
+    text = write_markdown(
+        OUT,
+        (
+            "Share of stages that hand over a winner truly `gain` better than the incumbent; each "
+            "cell: count | drop (study.count_search_window), 4 configurations searched, 3,000 "
+            "stages, seed 7."
+        ),
+        table(),
+    )
     print(text)
     return 0
 

@@ -80,8 +80,14 @@ def _child(mode: str, visible: str, *args: str) -> subprocess.Popen[str]:
     return subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, text=True)
 
 
-def gpu_trial(config: TunerConfig, launch: LaunchSpec, paths: Any, trial_id: str,
-              progress: Any = None, busy_s: float = 8.0) -> TrialOutcome:  # fmt: skip
+def gpu_trial(
+    config: TunerConfig,
+    launch: LaunchSpec,
+    paths: Any,
+    trial_id: str,
+    progress: Any = None,
+    busy_s: float = 8.0,
+) -> TrialOutcome:
     """A trial whose 'server' is a GPU load on each GPU it was given, under tuner's telemetry."""
     config = with_device_order(config)
     visible = config.server.cuda_visible_devices or ""
@@ -123,8 +129,15 @@ def run(gpus: int, busy_s: float) -> list[TrialResult]:
         for n, tp in enumerate(t for wave in waves(gpus) for t in wave):
             launch = LaunchSpec(args={"tensor_parallel_size": tp})
             folder = Path(os.environ.get("TMPDIR", "/tmp")) / f"gpu-executor-check/tp{tp}-{n}"
-            job = TrialJob(f"check#{n}", f"tp{tp}-{n}", config, launch, folder,
-                           f"[tp {tp} #{n}]", Demand(tp, 1))  # fmt: skip
+            job = TrialJob(
+                f"check#{n}",
+                f"tp{tp}-{n}",
+                config,
+                launch,
+                folder,
+                f"[tp {tp} #{n}]",
+                Demand(tp, 1),
+            )
             executor.submit(job)
         while executor.in_flight:
             results.append(executor.wait())
@@ -176,15 +189,21 @@ def main(argv: list[str] | None = None) -> int:
         checks = [check(r) for r in run(gpus, args.busy_s)]
     finally:
         ray.shutdown()
-    overlaps = [(a, b) for a, b in itertools.combinations(checks, 2)
-                if a["span"][0] < b["span"][1] and b["span"][0] < a["span"][1]]  # fmt: skip
+    overlaps = [
+        (a, b)
+        for a, b in itertools.combinations(checks, 2)
+        if a["span"][0] < b["span"][1] and b["span"][0] < a["span"][1]
+    ]
     report["side_by_side"] = len(overlaps)
     report["ok_disjoint"] = all(a["gpus"].isdisjoint(b["gpus"]) for a, b in overlaps)
     report["ok_side_by_side"] = gpus < 2 or bool(overlaps)
     report["trials"] = [{k: v for k, v in c.items() if k not in ("span", "gpus")} for c in checks]
     keys = ("ok_assignment", "ok_uuids", "ok_busy")
-    report["ok"] = all(c[k] for c in checks for k in keys) and report["ok_disjoint"] and report[
-        "ok_side_by_side"]  # fmt: skip
+    report["ok"] = (
+        all(c[k] for c in checks for k in keys)
+        and report["ok_disjoint"]
+        and report["ok_side_by_side"]
+    )
     text = json.dumps(report, indent=2, default=str)
     print(text)
     if args.out:

@@ -4,7 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
-echo "[test] ruff";  .venv/bin/ruff check .
+echo "[test] ruff";  .venv/bin/ruff check . && .venv/bin/ruff format --check .
 echo "[test] mypy";  .venv/bin/mypy
 echo "[test] pytest"
 exec .venv/bin/python -m pytest "$@"

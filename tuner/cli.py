@@ -208,9 +208,17 @@ def cmd_capacity(args: argparse.Namespace) -> int:
 
     _quiet_libraries()
     request = CapacityRequest(
-        args.study, args.storage, args.studies_dir, args.trial, args.stage, args.target_rps,
-        args.headroom, args.start_rps, args.window_s, args.max_steps,
-    )  # fmt: skip
+        args.study,
+        args.storage,
+        args.studies_dir,
+        args.trial,
+        args.stage,
+        args.target_rps,
+        args.headroom,
+        args.start_rps,
+        args.window_s,
+        args.max_steps,
+    )
     return capacity_command(request, progress=_say)
 
 
@@ -245,9 +253,17 @@ def cmd_check(args: argparse.Namespace) -> int:
     from tuner.deployment.check import CheckOptions, check_command
 
     options = CheckOptions(
-        args.url, args.evidence, args.api_key_env, args.windows, args.out, args.wait_s,
-        args.tokenizer, _client_cpus(args.client_cpus), args.max_windows, args.resolve,
-    )  # fmt: skip
+        args.url,
+        args.evidence,
+        args.api_key_env,
+        args.windows,
+        args.out,
+        args.wait_s,
+        args.tokenizer,
+        _client_cpus(args.client_cpus),
+        args.max_windows,
+        args.resolve,
+    )
     return check_command(options, say=_say)
 
 
@@ -256,9 +272,16 @@ def cmd_compare(args: argparse.Namespace) -> int:
     from tuner.deployment.compare import CompareOptions, compare_command
 
     options = CompareOptions(
-        args.url_a, args.url_b, args.api_key_env, args.api_key_env_b, args.windows, args.out,
-        args.wait_s, _client_cpus(args.client_cpus), args.max_windows,
-    )  # fmt: skip
+        args.url_a,
+        args.url_b,
+        args.api_key_env,
+        args.api_key_env_b,
+        args.windows,
+        args.out,
+        args.wait_s,
+        _client_cpus(args.client_cpus),
+        args.max_windows,
+    )
     return compare_command(compose(args.overrides, args.config_dir), options, say=_say)
 
 

@@ -137,9 +137,12 @@ def _run_phases(
         server.check_alive()
     with clock.phase("analysis"):
         m = measure(
-            records, result.window_start, result.window_end, config.slo,
+            records,
+            result.window_start,
+            result.window_end,
+            config.slo,
             timeout_s=config.workload.request_timeout_s,
-        )  # fmt: skip
+        )
         _compare_clocks(m, records, summary, config.telemetry.client_lag_ratio)
     m.client_processes = config.workload.processes
     m.client_events_s = event_rate(records, result.window_start, result.window_end)
@@ -167,9 +170,13 @@ class _ClientRerun:
         self.events_s = 0.0
 
     def load(
-        self, server: ServerBackend, info: ServerInfo, paths: TrialPaths, clock: _Clock,
+        self,
+        server: ServerBackend,
+        info: ServerInfo,
+        paths: TrialPaths,
+        clock: _Clock,
         progress: Progress,
-    ) -> tuple[LoadResult, TelemetrySummary, list[RequestRecord]]:  # fmt: skip
+    ) -> tuple[LoadResult, TelemetrySummary, list[RequestRecord]]:
         capacity = client_capacity.load()  # never probed here: the server is up
         for attempt in range(MAX_CLIENT_RERUNS + 1):
             result, summary, self.client_cpus = _load(

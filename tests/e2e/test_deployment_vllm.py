@@ -80,15 +80,24 @@ def exported(tmp_path_factory: pytest.TempPathFactory, cpus: tuple[int, int, Any
     studies = tmp_path_factory.mktemp("studies")
     command = DEPLOYED.format(model=TINY_MODEL)
     run = [
-        "run", "name=dep", f"studies_dir={studies}", *ONLY_THE_DEPLOYED,
-        "study.baseline_measurements=3", f"server.from_command={command}",
-        f"placement.server_cpus={cpus[0]}", f"placement.client_cpus={cpus[1]}", *WORKLOAD,
-    ]  # fmt: skip
+        "run",
+        "name=dep",
+        f"studies_dir={studies}",
+        *ONLY_THE_DEPLOYED,
+        "study.baseline_measurements=3",
+        f"server.from_command={command}",
+        f"placement.server_cpus={cpus[0]}",
+        f"placement.client_cpus={cpus[1]}",
+        *WORKLOAD,
+    ]
     for args in (run, ["export", "dep", "--studies-dir", str(studies)]):
         proc = subprocess.run(
-            [sys.executable, "-m", "tuner.cli", *args], cwd=ROOT, capture_output=True,
-            text=True, timeout=900,
-        )  # fmt: skip
+            [sys.executable, "-m", "tuner.cli", *args],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=900,
+        )
         assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     return studies / "dep" / "export"
 
@@ -104,9 +113,12 @@ def _exported_command(export: Path) -> StartCommand:
 def deployment(start: StartCommand, cpu: int, folder: Path, **changes: Any) -> Iterator[str]:
     """A real vLLM server from an exported command, pinned to ``cpu``; its URL."""
     config = ServerConfig(
-        model=str(start.model), args={**start.args, **changes}, env=dict(start.env),
-        api_key=KEY, startup_timeout_s=300,
-    )  # fmt: skip
+        model=str(start.model),
+        args={**start.args, **changes},
+        env=dict(start.env),
+        api_key=KEY,
+        startup_timeout_s=300,
+    )
     server = make_backend(config, LaunchSpec(cpus=[cpu]), folder / "server.log")
     with server:
         server.wait_ready(time.monotonic() + config.startup_timeout_s)
@@ -115,10 +127,24 @@ def deployment(start: StartCommand, cpu: int, folder: Path, **changes: Any) -> I
 
 def _check(url: str, export: Path, out: Path, client: int) -> int:
     return main(
-        ["check", "--url", url, "--evidence", str(export / "evidence.json"), "--out", str(out),
-         "--api-key-env", KEY_ENV, "--windows", "1", "--max-windows", "4",
-         "--client-cpus", str(client)]
-    )  # fmt: skip
+        [
+            "check",
+            "--url",
+            url,
+            "--evidence",
+            str(export / "evidence.json"),
+            "--out",
+            str(out),
+            "--api-key-env",
+            KEY_ENV,
+            "--windows",
+            "1",
+            "--max-windows",
+            "4",
+            "--client-cpus",
+            str(client),
+        ]
+    )
 
 
 # The smallest difference these comparisons ask about. Two windows of one vLLM-CPU server on
@@ -131,10 +157,26 @@ MIN_GAIN = "study.min_gain=0.3"
 def _compare(a: str, b: str, out: Path, client: tuple[int, ...]) -> dict[str, Any]:
     pin = ["--client-cpus", format_cpus(client)] if client else []
     rc = main(
-        ["compare", "--url-a", a, "--url-b", b, "--api-key-env", KEY_ENV, "--windows", "2",
-         "--max-windows", "4",
-         "--out", str(out), *pin, *WORKLOAD, MIN_GAIN, f"server.model={TINY_MODEL}"]
-    )  # fmt: skip
+        [
+            "compare",
+            "--url-a",
+            a,
+            "--url-b",
+            b,
+            "--api-key-env",
+            KEY_ENV,
+            "--windows",
+            "2",
+            "--max-windows",
+            "4",
+            "--out",
+            str(out),
+            *pin,
+            *WORKLOAD,
+            MIN_GAIN,
+            f"server.model={TINY_MODEL}",
+        ]
+    )
     report = json.loads((out / "compare.json").read_text())
     return {"rc": rc, **{r["objective"]: r["decision"] for r in report["objectives"]}}
 

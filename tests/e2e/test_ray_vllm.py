@@ -32,8 +32,9 @@ PARALLEL = [
 
 
 def _ray_daemons() -> set[int]:
-    return {p.pid for p in psutil.process_iter(["name"])
-            if p.info["name"] in ("raylet", "gcs_server")}  # fmt: skip
+    return {
+        p.pid for p in psutil.process_iter(["name"]) if p.info["name"] in ("raylet", "gcs_server")
+    }
 
 
 def test_two_vllm_cpu_trials_run_side_by_side_each_on_its_own_core(
@@ -59,8 +60,9 @@ def test_two_vllm_cpu_trials_run_side_by_side_each_on_its_own_core(
         assert set(result["placement"]["server_read_back"]) == mine
         assert set(result["placement"]["client_read_back"]) <= mine
         assert (Path(t.user_attrs[TrialAttr.FOLDER]) / "requests.jsonl").stat().st_size > 0
-    spans = [(t.user_attrs["devices"]["started_at"], t.user_attrs["devices"]["ended_at"])
-             for t in search]  # fmt: skip
+    spans = [
+        (t.user_attrs["devices"]["started_at"], t.user_attrs["devices"]["ended_at"]) for t in search
+    ]
     assert any(x[0] < y[1] and y[0] < x[1] for x, y in itertools.combinations(spans, 2))
     # The same kind of decision as a serial study: the acceptance rule's record, stored
     decision = Decision.from_dict(stage.user_attrs[StudyAttr.DECISION])

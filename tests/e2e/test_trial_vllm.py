@@ -34,9 +34,16 @@ def test_trial_cli_default_workload_percentiles_equal_numpy(
     # 2-core AVX2 machine its 16 users complete 9.6 requests/s (289 in a 30 s window, twice,
     # idle and loaded), so 40 s. (The quickstart *study* preset uses 15 s to fit its budget.)
     rc = main(
-        ["trial", f"studies_dir={tmp_path}", "name=e2e", "workload.window_s=40", *ON_DEFAULTS,
-         "--trial-id", "t1"]
-    )  # fmt: skip
+        [
+            "trial",
+            f"studies_dir={tmp_path}",
+            "name=e2e",
+            "workload.window_s=40",
+            *ON_DEFAULTS,
+            "--trial-id",
+            "t1",
+        ]
+    )
     assert rc == 0
     folder = tmp_path / "e2e" / "trials" / "t1"
     result = json.loads((folder / "result.json").read_text())

@@ -29,13 +29,23 @@ def test_a_candidate_vllm_refuses_costs_no_launch(tmp_path: Path, tiny_model: Pa
     studies = tmp_path / "studies"
     proc = start_tuner(
         [
-            "run", "--config-dir", str(conf), f"studies_dir={studies}", "name=refused",
-            "search_space=[too_small]", "study.stages=[batching]", "study.trials_per_stage=1",
-            "study.repeats=0", "study.baseline_measurements=1", "quality.enabled=false",
-            "workload.warmup_s=2", "workload.window_s=4", "workload.concurrency=4",
+            "run",
+            "--config-dir",
+            str(conf),
+            f"studies_dir={studies}",
+            "name=refused",
+            "search_space=[too_small]",
+            "study.stages=[batching]",
+            "study.trials_per_stage=1",
+            "study.repeats=0",
+            "study.baseline_measurements=1",
+            "quality.enabled=false",
+            "workload.warmup_s=2",
+            "workload.window_s=4",
+            "workload.concurrency=4",
             ONE_ENGINE_PROCESS,
         ]
-    )  # fmt: skip
+    )
     out, _ = proc.communicate(timeout=600)
     assert proc.returncode == 0, out[-3000:]
     assert leftover_processes(str(studies)) == []
@@ -44,8 +54,9 @@ def test_a_candidate_vllm_refuses_costs_no_launch(tmp_path: Path, tiny_model: Pa
     (refused,) = [t for t in stage.trials if t.user_attrs.get("role") == "search"]
     attrs = refused.user_attrs
     assert attrs["failure_reason"] == "invalid_config"
-    assert "max_num_batched_tokens (1024) is smaller than max_model_len (2048)" in (
-        attrs["failure_message"]
+    assert (
+        "max_num_batched_tokens (1024) is smaller than max_model_len (2048)"
+        in (attrs["failure_message"])
     )
     assert attrs["timings"]["prescreen"] < 1.0  # vLLM's check itself, not a start
     assert "not launched (invalid_config): vLLM rejects" in out

@@ -31,13 +31,21 @@ def evidence(model_path: Path = TINY_MODEL, **check: Any) -> dict[str, Any]:
     }
     workload = {
         "classes": [
-            {"name": "short", "weight": 1.0, "api": "completions",
-             "prompt_tokens": {"kind": "fixed", "mean": 64, "std": 0, "low": 1, "high": 1000},
-             "output_tokens": {"kind": "fixed", "mean": 16, "std": 0, "low": 1, "high": 1000}},
+            {
+                "name": "short",
+                "weight": 1.0,
+                "api": "completions",
+                "prompt_tokens": {"kind": "fixed", "mean": 64, "std": 0, "low": 1, "high": 1000},
+                "output_tokens": {"kind": "fixed", "mean": 16, "std": 0, "low": 1, "high": 1000},
+            },
         ],
-        "mode": "closed", "concurrency": 4, "warmup_s": 1.0, "window_s": 3.0,
-        "drain_timeout_s": 5.0, "seed": 0,
-    }  # fmt: skip
+        "mode": "closed",
+        "concurrency": 4,
+        "warmup_s": 1.0,
+        "window_s": 3.0,
+        "drain_timeout_s": 5.0,
+        "seed": 0,
+    }
     return {
         "study": "demo",
         "choice": "final incumbent (batching trial 4)",

@@ -36,11 +36,23 @@ def write_table(path: Path) -> Path:
                 for rep, jitter in enumerate((0.995, 1.005)):
                     tok = (1000 + 400 * i + 150 * j) * jitter
                     p99 = (1.0 + i + 0.4 * j) * jitter
-                    w.writerow({
-                        "max_num_seqs": s, "max_num_batched_tokens": b, "status": "ok",
-                        "reason": "", "p50_e2e_s": p99 / 2, "p99_e2e_s": p99,
-                        "p50_ttft_s": 0.1, "p99_ttft_s": 0.2, "p50_tpot_s": 0.01,
-                        "p99_tpot_s": 0.02, "output_tok_s": tok, "request_per_s": tok / 64,
-                        "error_rate": 0.0, "completed": 100 + rep, "failed": 0,
-                    })  # fmt: skip
+                    w.writerow(
+                        {
+                            "max_num_seqs": s,
+                            "max_num_batched_tokens": b,
+                            "status": "ok",
+                            "reason": "",
+                            "p50_e2e_s": p99 / 2,
+                            "p99_e2e_s": p99,
+                            "p50_ttft_s": 0.1,
+                            "p99_ttft_s": 0.2,
+                            "p50_tpot_s": 0.01,
+                            "p99_tpot_s": 0.02,
+                            "output_tok_s": tok,
+                            "request_per_s": tok / 64,
+                            "error_rate": 0.0,
+                            "completed": 100 + rep,
+                            "failed": 0,
+                        }
+                    )
     return path

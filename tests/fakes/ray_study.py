@@ -22,8 +22,16 @@ import psutil
 from tests.conftest import ROOT, TINY_MODEL
 
 FAKE_NVML = ROOT / "tests" / "fakes" / "nvml"
-RAY_PROCESSES = ("raylet", "gcs_server", "ray::", "default_worker.py", "ray/dashboard",
-                 "log_monitor.py", "monitor.py", "runtime_env/agent")  # fmt: skip
+RAY_PROCESSES = (
+    "raylet",
+    "gcs_server",
+    "ray::",
+    "default_worker.py",
+    "ray/dashboard",
+    "log_monitor.py",
+    "monitor.py",
+    "runtime_env/agent",
+)
 
 # The stand-in server as `vllm serve` on a GPU host: the real vLLM backend starts it, Locust
 # loads it, telemetry samples its GPUs (through the fake NVML of Ray's workers).
@@ -68,8 +76,11 @@ def server_lines(trial_folder: Path) -> list[dict[str, Any]]:
     """What the stand-in wrote into the trial's server.log (brought back from its node)."""
     log = trial_folder / "server.log"
     prefix = "stand-in server: "
-    return [json.loads(line[len(prefix):]) for line in log.read_text().splitlines()
-            if line.startswith(prefix)]  # fmt: skip
+    return [
+        json.loads(line[len(prefix) :])
+        for line in log.read_text().splitlines()
+        if line.startswith(prefix)
+    ]
 
 
 def running(pids: list[int]) -> list[int]:

@@ -35,8 +35,15 @@ def server() -> Iterator[QueueServer]:
 
 def _workload() -> WorkloadConfig:
     mix = RequestClass(prompt_tokens=LengthDist(mean=32), output_tokens=LengthDist(mean=OUT_TOKENS))
-    return WorkloadConfig(classes=[mix], burstiness=50.0, warmup_s=1.0, window_s=4.0,
-                          request_timeout_s=10.0, drain_timeout_s=10.0, seed=3)  # fmt: skip
+    return WorkloadConfig(
+        classes=[mix],
+        burstiness=50.0,
+        warmup_s=1.0,
+        window_s=4.0,
+        request_timeout_s=10.0,
+        drain_timeout_s=10.0,
+        seed=3,
+    )
 
 
 def test_the_search_finds_a_known_capacity(server: QueueServer, tmp_path: Path) -> None:

@@ -33,8 +33,22 @@ WORKLOAD = [
 
 
 def _compare(a: str, b: str, out: Path) -> tuple[int, dict[str, dict[str, Any]]]:
-    rc = main(["compare", "--url-a", a, "--url-b", b, "--windows", "2", "--max-windows", "4",
-               "--out", str(out), *WORKLOAD])  # fmt: skip
+    rc = main(
+        [
+            "compare",
+            "--url-a",
+            a,
+            "--url-b",
+            b,
+            "--windows",
+            "2",
+            "--max-windows",
+            "4",
+            "--out",
+            str(out),
+            *WORKLOAD,
+        ]
+    )
     report = json.loads((out / "compare.json").read_text())
     return rc, {str(r["objective"]): r for r in report["objectives"]}
 

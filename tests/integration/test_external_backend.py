@@ -38,10 +38,25 @@ FAST = [
 def endpoint() -> Iterator[tuple[subprocess.Popen[bytes], str]]:
     port = free_port("127.0.0.1")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "tests.fakes.sse_server", "--port", str(port), "--ttft", "0.05",
-         "--itl", "0.005", "--api-key", KEY, "--model", str(TINY_MODEL)],
-        cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "tests.fakes.sse_server",
+            "--port",
+            str(port),
+            "--ttft",
+            "0.05",
+            "--itl",
+            "0.005",
+            "--api-key",
+            KEY,
+            "--model",
+            str(TINY_MODEL),
+        ],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline:
@@ -57,9 +72,18 @@ def endpoint() -> Iterator[tuple[subprocess.Popen[bytes], str]]:
 
 def _trial(tmp_path: Path, url: str, *extra: str) -> tuple[int, dict[str, object]]:
     rc = main(
-        ["trial", "server=external", f"server.url={url}/v1", f"studies_dir={tmp_path}",
-         "name=ext", *FAST, *extra, "--trial-id", "t"]
-    )  # fmt: skip
+        [
+            "trial",
+            "server=external",
+            f"server.url={url}/v1",
+            f"studies_dir={tmp_path}",
+            "name=ext",
+            *FAST,
+            *extra,
+            "--trial-id",
+            "t",
+        ]
+    )
     path = tmp_path / "ext" / "trials" / "t" / "result.json"
     return rc, json.loads(path.read_text()) if path.exists() else {}
 

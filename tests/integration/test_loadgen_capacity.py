@@ -47,11 +47,22 @@ def test_a_trial_past_one_process_runs_with_enough_and_is_not_client_saturated(
     monkeypatch.setenv("VLLM_API_KEY", KEY)
     cap.store(ClientCapacity(events_per_s=STORED_EVENTS_S))
     rc = main(
-        ["trial", "server=external", f"server.url={fake.url}/v1", f"studies_dir={tmp_path}",
-         "name=cap", "quality.enabled=false", f"workload.concurrency={USERS}",
-         "workload.warmup_s=1", "workload.window_s=3", "workload.drain_timeout_s=5",
-         "server.startup_timeout_s=10", "--trial-id", "t"]
-    )  # fmt: skip
+        [
+            "trial",
+            "server=external",
+            f"server.url={fake.url}/v1",
+            f"studies_dir={tmp_path}",
+            "name=cap",
+            "quality.enabled=false",
+            f"workload.concurrency={USERS}",
+            "workload.warmup_s=1",
+            "workload.window_s=3",
+            "workload.drain_timeout_s=5",
+            "server.startup_timeout_s=10",
+            "--trial-id",
+            "t",
+        ]
+    )
     folder = tmp_path / "cap" / "trials" / "t"
     result = json.loads((folder / "result.json").read_text())
     assert rc == 0, result.get("message")

@@ -112,8 +112,12 @@ def test_max_requests_counts_the_whole_client(
     load = {"rate": 40.0} if mode == "open" else {"concurrency": 4}
     workload = _workload(mode=mode, window_s=20.0, max_requests=23, **load)
     one = Run(fake, tok_dir, tmp_path / "one", workload)
-    three = Run(fake, tok_dir, tmp_path / "three", _workload(
-        mode=mode, window_s=20.0, max_requests=23, processes=3, **load))  # fmt: skip
+    three = Run(
+        fake,
+        tok_dir,
+        tmp_path / "three",
+        _workload(mode=mode, window_s=20.0, max_requests=23, processes=3, **load),
+    )
     for run in (one, three):
         assert len(run.measured()) == run.result.measured_requests == 23
         assert run.result.window_end - run.result.window_start < 10.0  # ended by the count

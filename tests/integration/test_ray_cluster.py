@@ -48,8 +48,9 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Cluster,
     record = tmp_path_factory.mktemp("ray") / "servers.jsonl"
     nodes = Cluster(initialize_head=True, head_node_args={"num_cpus": 4, "num_gpus": 1})
     doomed = nodes.add_node(num_cpus=4, num_gpus=1)
-    ray.init(address=nodes.address, runtime_env=worker_env(record, startup_s=2.0),
-             log_to_driver=False)  # fmt: skip
+    ray.init(
+        address=nodes.address, runtime_env=worker_env(record, startup_s=2.0), log_to_driver=False
+    )
     started = ray_processes(psutil.Process())
     try:
         yield nodes, doomed, record
@@ -62,8 +63,11 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Cluster,
 def _crash(nodes: Cluster, node: Any) -> None:
     """Kill a node's raylet and its Ray workers (SIGKILL), then let the cluster forget it."""
     raylet = psutil.Process(node.all_processes["raylet"][0].process.pid)
-    workers = [p for p in raylet.children() if "ray::" in p.name() or "default_worker" in
-               " ".join(p.cmdline())]  # fmt: skip
+    workers = [
+        p
+        for p in raylet.children()
+        if "ray::" in p.name() or "default_worker" in " ".join(p.cmdline())
+    ]
     for proc in [*workers, raylet]:
         with contextlib.suppress(psutil.Error):
             proc.kill()
@@ -79,8 +83,9 @@ def _kill_mid_trial(nodes: Cluster, node: Any, record: Path, said: list[str]) ->
         with contextlib.suppress(psutil.Error):
             on_node = {p.pid for p in raylet.children(recursive=True)}
             seen = records(record)
-            mine |= {r["pid"] for r in seen
-                     if r["pid"] in on_node and "/batching-" in r["trial_dir"]}  # fmt: skip
+            mine |= {
+                r["pid"] for r in seen if r["pid"] in on_node and "/batching-" in r["trial_dir"]
+            }
             stopped = {r["pid"] for r in seen if r["event"] == "stop"}
             if len(mine) >= 2 and mine - stopped:
                 time.sleep(1.0)  # its load is running
@@ -95,9 +100,18 @@ def test_trials_spread_over_two_nodes_and_a_lost_node_costs_one_trial(
 ) -> None:
     nodes, doomed, record = cluster
     assert len([n for n in ray.nodes() if n["Alive"]]) == 2
-    config = compose([*STANDIN, "name=two", f"studies_dir={tmp_path}", "search_space=[batching]",
-                      "study.stages=[batching]", "study.trials_per_stage=4", "study.parallel=2",
-                      "sampler=random"])  # fmt: skip
+    config = compose(
+        [
+            *STANDIN,
+            "name=two",
+            f"studies_dir={tmp_path}",
+            "search_space=[batching]",
+            "study.stages=[batching]",
+            "study.trials_per_stage=4",
+            "study.parallel=2",
+            "sampler=random",
+        ]
+    )
     said: list[str] = []
     killer = threading.Thread(target=_kill_mid_trial, args=(nodes, doomed, record, said))
     killer.start()
@@ -107,13 +121,19 @@ def test_trials_spread_over_two_nodes_and_a_lost_node_costs_one_trial(
     assert "test: crashing the node" in said
     storage = f"sqlite:///{tmp_path}/two/optuna.db"
     stage = optuna.load_study(study_name="two:batching", storage=storage)
-    lost = [t for t in stage.trials if t.user_attrs.get(TrialAttr.FAILURE_REASON)
-            == REASON_EXECUTOR_LOST]  # fmt: skip
+    lost = [
+        t
+        for t in stage.trials
+        if t.user_attrs.get(TrialAttr.FAILURE_REASON) == REASON_EXECUTOR_LOST
+    ]
     assert len(lost) == 1 and lost[0].state == optuna.trial.TrialState.FAIL
     assert "NodeDiedError" in lost[0].user_attrs[TrialAttr.FAILURE_MESSAGE]
-    launched = [t for t in stage.get_trials(states=(optuna.trial.TrialState.COMPLETE,))
-                if t.user_attrs.get(TrialAttr.ROLE) == Role.SEARCH
-                and TrialAttr.REUSED_FROM not in t.user_attrs]  # fmt: skip
+    launched = [
+        t
+        for t in stage.get_trials(states=(optuna.trial.TrialState.COMPLETE,))
+        if t.user_attrs.get(TrialAttr.ROLE) == Role.SEARCH
+        and TrialAttr.REUSED_FROM not in t.user_attrs
+    ]
     assert len(launched) == 4 and all(t.user_attrs[TrialAttr.STATUS] == "ok" for t in launched)
     used = {t.user_attrs["devices"]["node"] for t in launched}
     assert len(used) == 2  # before the crash, the other node ran trials too

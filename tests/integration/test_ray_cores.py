@@ -41,8 +41,13 @@ GPUS, CPUS, PROCESSES = 8, 32, 2
 @pytest.fixture(scope="module")
 def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     record = tmp_path_factory.mktemp("ray") / "servers.jsonl"
-    ray.init(num_cpus=CPUS, num_gpus=GPUS, include_dashboard=False, log_to_driver=False,
-             runtime_env=worker_env(record))  # fmt: skip
+    ray.init(
+        num_cpus=CPUS,
+        num_gpus=GPUS,
+        include_dashboard=False,
+        log_to_driver=False,
+        runtime_env=worker_env(record),
+    )
     started = ray_processes(psutil.Process())
     try:
         yield
@@ -54,15 +59,25 @@ def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
 def test_a_tp8_trials_vllm_gets_9_cores_or_more_and_its_client_others(
     node: None, tmp_path: Path
 ) -> None:
-    config = compose([*STANDIN, "name=cores", f"studies_dir={tmp_path}",
-                      f"workload.processes={PROCESSES}"])  # fmt: skip
+    config = compose(
+        [*STANDIN, "name=cores", f"studies_dir={tmp_path}", f"workload.processes={PROCESSES}"]
+    )
     launch = LaunchSpec(args={"tensor_parallel_size": GPUS})
     said: list[str] = []
     executor = make_executor(config, run_trial, said.append)
     try:
         with no_trial_left():
-            executor.submit(TrialJob("cores#0", "tp8-0", config, launch, tmp_path / "tp8-0",
-                                     "[tp8 #0]", demand_of(config, launch)))  # fmt: skip
+            executor.submit(
+                TrialJob(
+                    "cores#0",
+                    "tp8-0",
+                    config,
+                    launch,
+                    tmp_path / "tp8-0",
+                    "[tp8 #0]",
+                    demand_of(config, launch),
+                )
+            )
             result = executor.wait()
     finally:
         executor.close()

@@ -57,8 +57,13 @@ class Local:
 @pytest.fixture(scope="module")
 def local(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Local]:
     record = tmp_path_factory.mktemp("ray") / "servers.jsonl"
-    ray.init(num_cpus=16, num_gpus=8, include_dashboard=False, log_to_driver=False,
-             runtime_env=worker_env(record))  # fmt: skip
+    ray.init(
+        num_cpus=16,
+        num_gpus=8,
+        include_dashboard=False,
+        log_to_driver=False,
+        runtime_env=worker_env(record),
+    )
     started = ray_processes(psutil.Process())
     try:
         yield Local(record, ray.get_runtime_context().gcs_address)
@@ -72,8 +77,15 @@ def _config(tmp_path: Path, name: str, *extra: str) -> list[str]:
 
 
 def _tp_study(tmp_path: Path, name: str, *extra: str) -> list[str]:
-    return _config(tmp_path, name, "search_space=[parallelism]", "study.stages=[parallelism]",
-                   "sampler=grid", "study.trials_per_stage=4", *extra)  # fmt: skip
+    return _config(
+        tmp_path,
+        name,
+        "search_space=[parallelism]",
+        "study.stages=[parallelism]",
+        "sampler=grid",
+        "study.trials_per_stage=4",
+        *extra,
+    )
 
 
 def _overlap(a: tuple[float, float], b: tuple[float, float]) -> bool:
@@ -84,8 +96,15 @@ def test_trials_of_tp_1_2_4_8_run_side_by_side_on_their_own_gpus(
     local: Local, tmp_path: Path
 ) -> None:
     assert {n["NodeManagerAddress"] for n in ray.nodes()} == {"127.0.0.1"}
-    config = compose(_tp_study(tmp_path, "tp", "study.baseline_measurements=2",
-                               "study.parallel=auto", "study.repeats=1"))  # fmt: skip
+    config = compose(
+        _tp_study(
+            tmp_path,
+            "tp",
+            "study.baseline_measurements=2",
+            "study.parallel=auto",
+            "study.repeats=1",
+        )
+    )
     said: list[str] = []
     with no_trial_left():
         result = StudyRunner(config, Evaluator(config), FINGERPRINT, said.append).run()
@@ -129,21 +148,35 @@ def test_trials_of_tp_1_2_4_8_run_side_by_side_on_their_own_gpus(
 
 
 def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "tuner.cli", *args], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=180)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "tuner.cli", *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
 
 
 @pytest.mark.parametrize(
     ("extra", "message"),
     [
-        (["study.parallel=9"], "study.parallel=9 is larger than the cluster can place: its 1 "
-         "node(s) hold 5 trial(s) of 1 GPU, 3 CPUs at once"),  # API server, worker, Locust
-        (["server.args.tensor_parallel_size=16"], "a trial of this study needs 16 GPUs, 32 CPUs "
-         "on one node, and the largest node of the Ray cluster has 8 GPUs, 16 CPUs"),  # 2/GPU
-        (["ray.address=127.0.0.1:9", "ray.connect_timeout_s=5"],
-         "ray.address='127.0.0.1:9' is unreachable"),
+        (
+            ["study.parallel=9"],
+            "study.parallel=9 is larger than the cluster can place: its 1 "
+            "node(s) hold 5 trial(s) of 1 GPU, 3 CPUs at once",
+        ),  # API server, worker, Locust
+        (
+            ["server.args.tensor_parallel_size=16"],
+            "a trial of this study needs 16 GPUs, 32 CPUs "
+            "on one node, and the largest node of the Ray cluster has 8 GPUs, 16 CPUs",
+        ),  # 2/GPU
+        (
+            ["ray.address=127.0.0.1:9", "ray.connect_timeout_s=5"],
+            "ray.address='127.0.0.1:9' is unreachable",
+        ),
     ],
-)  # fmt: skip
+)
 def test_bad_input_is_one_line_and_exit_2(
     local: Local, tmp_path: Path, extra: list[str], message: str
 ) -> None:
@@ -179,8 +212,12 @@ def test_an_interrupted_then_killed_driver_is_resumed_with_no_trial_left_running
         assert not _running(storage, name), name
     stage = optuna.load_study(study_name="kill:parallelism", storage=storage)
     done = stage.get_trials(states=(optuna.trial.TrialState.COMPLETE,))
-    launched = [t for t in done if t.user_attrs.get(TrialAttr.ROLE) == Role.SEARCH
-                and TrialAttr.REUSED_FROM not in t.user_attrs]  # fmt: skip
+    launched = [
+        t
+        for t in done
+        if t.user_attrs.get(TrialAttr.ROLE) == Role.SEARCH
+        and TrialAttr.REUSED_FROM not in t.user_attrs
+    ]
     assert sorted(t.params["tensor_parallel_size"] for t in launched) == [1, 2, 4, 8]
     failed = stage.get_trials(states=(optuna.trial.TrialState.FAIL,))
     assert len(failed) >= 2 and all(t.user_attrs.get(TrialAttr.INTERRUPTED) for t in failed)

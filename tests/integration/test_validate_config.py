@@ -41,8 +41,9 @@ def _workers() -> list[psutil.Process]:
 
 @pytest.fixture(scope="module")
 def validator() -> Iterator[ConfigValidator]:
-    server = ServerConfig(model=str(TINY_MODEL), args={"max_model_len": 2048},
-                          env={"VLLM_CPU_KVCACHE_SPACE": "1"})  # fmt: skip
+    server = ServerConfig(
+        model=str(TINY_MODEL), args={"max_model_len": 2048}, env={"VLLM_CPU_KVCACHE_SPACE": "1"}
+    )
     checker = ConfigValidator(server)
     checker.worker.start()  # the vLLM import, once
     yield checker
@@ -63,8 +64,10 @@ def test_vllm_refuses_a_token_budget_below_max_model_len_in_milliseconds(
     assert MESSAGE in refused.reason and refused.reason.startswith("SchedulerConfig: ")
     assert refused.flags == ("--max-model-len 2048", "--max-num-batched-tokens 1024")
     for tokens, chunked in ((4096, False), (1024, True)):  # either cure is accepted
-        assert validator.check(_launch(max_num_batched_tokens=tokens,
-                                       enable_chunked_prefill=chunked)) is None  # fmt: skip
+        assert (
+            validator.check(_launch(max_num_batched_tokens=tokens, enable_chunked_prefill=chunked))
+            is None
+        )
 
 
 def test_a_bad_integer_names_its_flag_and_vllms_reason(validator: ConfigValidator) -> None:
@@ -76,8 +79,10 @@ def test_a_bad_integer_names_its_flag_and_vllms_reason(validator: ConfigValidato
     )  # the budget it derives from -4 is left out: the user set only the one flag
     word = validator.check(_launch(max_num_seqs="many"))
     assert word is not None
-    assert word.line() == "vLLM rejects --max-num-seqs many: argument --max-num-seqs: " \
-        "invalid int value: 'many'"  # fmt: skip
+    assert (
+        word.line() == "vLLM rejects --max-num-seqs many: argument --max-num-seqs: "
+        "invalid int value: 'many'"
+    )
 
 
 def test_tuner_trial_preflight_is_one_line_exit_2_and_no_server(
@@ -155,13 +160,21 @@ def test_a_stage_point_equal_to_the_baselines_default_reuses_the_baseline(
     again) and launches only the other."""
     default = validator.values(LaunchSpec(), ["max_num_seqs"])["max_num_seqs"]
     config: TunerConfig = compose(
-        [f"studies_dir={tmp_path}", "name=d", "search_space=[batching]",
-         "study.stages=[batching]", "study.trials_per_stage=2", "study.repeats=0",
-         "study.baseline_measurements=1", "quality.enabled=false"]
-    )  # fmt: skip
+        [
+            f"studies_dir={tmp_path}",
+            "name=d",
+            "search_space=[batching]",
+            "study.stages=[batching]",
+            "study.trials_per_stage=2",
+            "study.repeats=0",
+            "study.baseline_measurements=1",
+            "quality.enabled=false",
+        ]
+    )
     config.server.args.pop("max_num_seqs", None)  # the quickstart's fixed 8: left out here
-    config.search_space["batching"] = {"max_num_seqs": ParamSpec("categorical",
-                                                                 choices=[4, default])}  # fmt: skip
+    config.search_space["batching"] = {
+        "max_num_seqs": ParamSpec("categorical", choices=[4, default])
+    }
     runner, launched = _screened_run(config, validator, server_values=True)
     study = optuna.load_study(study_name="d:batching", storage=runner.storage_url)
     seeds = [t for t in study.trials if t.user_attrs.get("role") == Role.INCUMBENT]
@@ -187,8 +200,9 @@ def _screened_run(
     ``server_values``: it also says what a flag left out runs as); the launches' args."""
     launched: list[dict[str, Any]] = []
 
-    def trial_fn(cfg: TunerConfig, launch: LaunchSpec, paths: Any, trial_id: str,
-                 progress: Any = None) -> TrialOutcome:  # fmt: skip
+    def trial_fn(
+        cfg: TunerConfig, launch: LaunchSpec, paths: Any, trial_id: str, progress: Any = None
+    ) -> TrialOutcome:
         launched.append(dict(launch.args))
         return _outcome(launch, trial_id)
 

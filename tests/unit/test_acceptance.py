@@ -71,10 +71,16 @@ def test_an_infeasible_incumbent_gives_way_to_a_feasible_candidate() -> None:
     # mean of its repeats wins (feasibility first); an infeasible candidate still never does.
     d = decide(
         Comparison(
-            "batching", "output_throughput", "maximize", [1085, 1080], [967, 960], True, 0.02,
+            "batching",
+            "output_throughput",
+            "maximize",
+            [1085, 1080],
+            [967, 960],
+            True,
+            0.02,
             incumbent_feasible=False,
         )
-    )  # fmt: skip
+    )
     assert d.accepted and "incumbent violates" in d.reason and d.gain < 0
     d = decide(
         Comparison("batching", "output_throughput", "maximize", [1085], [967], False, 0.02, False)
@@ -94,10 +100,19 @@ def test_with_neither_feasible_the_candidate_that_misses_by_less_is_a_step_forwa
     def both_infeasible(inc_violation: float, cand_violation: float) -> Decision:
         return decide(
             Comparison(
-                "parallelism", "tok_s_per_gpu", "maximize", [300, 302], [150, 151], False, 0.02,
-                False, None, inc_violation, cand_violation,
+                "parallelism",
+                "tok_s_per_gpu",
+                "maximize",
+                [300, 302],
+                [150, 151],
+                False,
+                0.02,
+                False,
+                None,
+                inc_violation,
+                cand_violation,
             )
-        )  # fmt: skip
+        )
 
     closer = both_infeasible(0.45, 0.06)
     assert closer.accepted and "misses them by less (6.0% vs 45.0%" in closer.reason

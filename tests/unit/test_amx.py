@@ -42,9 +42,14 @@ def test_preload_goes_first_on_pythonpath_once() -> None:
     assert amx.with_amx_permission({})["PYTHONPATH"] == str(amx.PRELOAD)
 
 
-@pytest.mark.parametrize(("device", "has_amx", "expected"), [
-    ("cpu", True, True), ("cpu", False, False), ("cuda", True, False),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("device", "has_amx", "expected"),
+    [
+        ("cpu", True, True),
+        ("cpu", False, False),
+        ("cuda", True, False),
+    ],
+)
 def test_server_environment_adds_the_preload_on_amx_cpu_hosts_only(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, device: str, has_amx: bool, expected: bool
 ) -> None:

@@ -105,10 +105,13 @@ def test_a_study_reports_its_budget_after_every_launch(replay: ModuleType, tmp_p
     launches: list[object] = []
     seen: list[tuple[int, int]] = []
     runner = StudyRunner(
-        config, Evaluator(config), {"t": 1}, lambda _m: None,
+        config,
+        Evaluator(config),
+        {"t": 1},
+        lambda _m: None,
         trial_fn=replay.lookup_trials(land, np.random.default_rng(0), launches),
         on_launch=lambda b: seen.append((b.done, b.planned)),
-    )  # fmt: skip
+    )
     runner.run()
     assert [done for done, _ in seen] == list(range(1, len(launches) + 1))
     # The plan starts at its upper bound (2 baseline + 2 stages x (2 trials + 2 confirmations))

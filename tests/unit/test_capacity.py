@@ -97,13 +97,24 @@ def _measurements(
 ) -> Measurements:
     e2e = MetricStats.of([p99_e2e] * 10)
     return Measurements(
-        ttft=MetricStats.of([0.1] * 10), tpot=MetricStats.of([0.01] * 10), itl=MetricStats(),
-        e2e=e2e, window_s=10.0, requests_started=started, completed=started - errors,
-        failed=errors, errors_by_kind={}, error_rate=errors / started,
-        request_throughput=(started - errors) / 10, output_throughput=0.0, total_throughput=0.0,
-        goodput=(started - errors) / 10, mean_prompt_tokens=None, mean_output_tokens=None,
+        ttft=MetricStats.of([0.1] * 10),
+        tpot=MetricStats.of([0.01] * 10),
+        itl=MetricStats(),
+        e2e=e2e,
+        window_s=10.0,
+        requests_started=started,
+        completed=started - errors,
+        failed=errors,
+        errors_by_kind={},
+        error_rate=errors / started,
+        request_throughput=(started - errors) / 10,
+        output_throughput=0.0,
+        total_throughput=0.0,
+        goodput=(started - errors) / 10,
+        mean_prompt_tokens=None,
+        mean_output_tokens=None,
         dispatch_lag_p99_s=lag,
-    )  # fmt: skip
+    )
 
 
 def test_a_window_meets_the_slos_only_with_every_p99_errors_and_the_offered_rate() -> None:
@@ -121,8 +132,7 @@ def test_a_window_meets_the_slos_only_with_every_p99_errors_and_the_offered_rate
 
 
 def test_replicas_gpus_and_cost() -> None:
-    price = server_price(CostConfig(gpu_hour={"H100": 2.0}), "cuda", "NVIDIA H100 80GB HBM3",
-                         2, 0)  # fmt: skip
+    price = server_price(CostConfig(gpu_hour={"H100": 2.0}), "cuda", "NVIDIA H100 80GB HBM3", 2, 0)
     assert price.per_hour == 4.0 and "2 x H100" in price.basis
     sized = size(100.0, 0.3, 12.0, devices=2, price=price)
     assert sized.replicas == math.ceil(130 / 12) == 11 and sized.gpus == 22
@@ -151,8 +161,9 @@ def test_the_stored_config_reads_back_as_the_composed_one(tmp_path: Path) -> Non
 
 
 def test_the_capacity_record_round_trips(tmp_path: Path) -> None:
-    record = CapacityRecord("s", "trial x", {"max_num_seqs": 32}, 8.0, math.inf, {"p99_e2e_s": 5},
-                            [_step(8.0, True)])  # fmt: skip
+    record = CapacityRecord(
+        "s", "trial x", {"max_num_seqs": 32}, 8.0, math.inf, {"p99_e2e_s": 5}, [_step(8.0, True)]
+    )
     write_capacity(tmp_path, record)
     back = read_capacity(tmp_path)
     assert back is not None and back.upper_rps == math.inf and back.steps == record.steps
@@ -200,13 +211,21 @@ def test_k8s_export_writes_the_measured_replica_count(tmp_path: Path) -> None:
     record = CapacityRecord("demo", "final", params, 9.0, 9.5, {}, [], sized)
     write_capacity(study.folder, record)
     out = tmp_path / "out"
-    assert main(["export", "demo", "--studies-dir", str(tmp_path), "--format", "k8s",
-                 "--out", str(out)]) == 0  # fmt: skip
+    assert (
+        main(
+            ["export", "demo", "--studies-dir", str(tmp_path), "--format", "k8s", "--out", str(out)]
+        )
+        == 0
+    )
     deployment = next(yaml.safe_load_all((out / "k8s.yaml").read_text()))
     assert deployment["spec"]["replicas"] == sized.replicas == 5
     assert "capacity: 9 req/s per replica" in (out / "k8s.yaml").read_text()
     # A capacity measured for another configuration is not this one's.
     write_capacity(study.folder, dataclasses.replace(record, params={"max_num_seqs": 4}))
-    assert main(["export", "demo", "--studies-dir", str(tmp_path), "--format", "k8s",
-                 "--out", str(out)]) == 0  # fmt: skip
+    assert (
+        main(
+            ["export", "demo", "--studies-dir", str(tmp_path), "--format", "k8s", "--out", str(out)]
+        )
+        == 0
+    )
     assert next(yaml.safe_load_all((out / "k8s.yaml").read_text()))["spec"]["replicas"] == 1

@@ -99,11 +99,24 @@ def measurements(tput: float, p99: float, errors: float = 0.0) -> Measurements:
     stats = MetricStats(n=100, mean=p99 / 2, p50=p99 / 2, p90=p99, p95=p99, p99=p99, max=p99)
     none = MetricStats(n=0)
     return Measurements(
-        ttft=stats, tpot=none, itl=none, e2e=stats, window_s=10.0, requests_started=100,
-        completed=100, failed=0, errors_by_kind={}, error_rate=errors, request_throughput=10.0,
-        output_throughput=tput, total_throughput=tput, goodput=10.0, mean_prompt_tokens=200.0,
-        mean_output_tokens=64.0, dispatch_lag_p99_s=0.0,
-    )  # fmt: skip
+        ttft=stats,
+        tpot=none,
+        itl=none,
+        e2e=stats,
+        window_s=10.0,
+        requests_started=100,
+        completed=100,
+        failed=0,
+        errors_by_kind={},
+        error_rate=errors,
+        request_throughput=10.0,
+        output_throughput=tput,
+        total_throughput=tput,
+        goodput=10.0,
+        mean_prompt_tokens=200.0,
+        mean_output_tokens=64.0,
+        dispatch_lag_p99_s=0.0,
+    )
 
 
 def write_evidence(path: Path, data: dict[str, Any]) -> Path:

@@ -28,9 +28,12 @@ CONFIRM = {"incumbent": [1.05, 950.0, 0.021], "candidate": [0.95, 1400.0, 0.014]
 
 def _study(root: Path) -> None:
     (root / "demo").mkdir(parents=True)
-    config = {"server": {"model": "/models/tiny-llama", "args": {}}, "study": {"min_gain": 0.05},
-              "objectives": {"select_by": "output_throughput", "constraints": ["slo_p99_e2e"]},
-              "cost": {"cpus": 2}}  # fmt: skip
+    config = {
+        "server": {"model": "/models/tiny-llama", "args": {}},
+        "study": {"min_gain": 0.05},
+        "objectives": {"select_by": "output_throughput", "constraints": ["slo_p99_e2e"]},
+        "cost": {"cpus": 2},
+    }
     (root / "demo" / "config.yaml").write_text(yaml.safe_dump(config))
     storage = optuna.storages.RDBStorage(f"sqlite:///{root / 'demo' / 'optuna.db'}")
     base = fake.new_study(storage, baseline_study("fake"))
@@ -42,8 +45,15 @@ def _study(root: Path) -> None:
     stage.add_trial(fake.frozen_trial(BASE[0], {}, {"role": "incumbent", "params_all": {}}))
     attrs = fake.measured_attrs(root, "batching-1", "search", SEARCH, P)
     stage.add_trial(fake.frozen_trial(SEARCH, P, attrs))
-    decision = Decision("batching", "output_throughput", "maximize", True, "gain",
-                        candidate_trial=1, candidate_params=P)  # fmt: skip
+    decision = Decision(
+        "batching",
+        "output_throughput",
+        "maximize",
+        True,
+        "gain",
+        candidate_trial=1,
+        candidate_params=P,
+    )
     stage.set_user_attr("decision", decision.to_dict())
     confirm = fake.new_study(storage, confirm_study("demo"))
     for role, params in (("incumbent", {}), ("candidate", P)):

@@ -111,8 +111,9 @@ def test_the_command_replaces_preset_args_and_explicit_overrides_win() -> None:
         env={"PRESET": "1", "SHARED": "preset"},
         from_command="VLLM_API_KEY=sk-abcdef12 vllm serve m --api-key sk-abcdef12",
     )
-    start = StartCommand("m", None, {"max_num_seqs": 8, "enforce_eager": True},
-                         {"SHARED": "command", "NEW": "2"})  # fmt: skip
+    start = StartCommand(
+        "m", None, {"max_num_seqs": 8, "enforce_eager": True}, {"SHARED": "command", "NEW": "2"}
+    )
     overrides = ["server.args.block_size=32", "workload.concurrency=4", "+server.env.PRESET=1"]
     apply_start(server, start, explicit_keys(overrides))
     # The preset's max_model_len is gone; the user's block_size stays; the command's flags rule.

@@ -61,8 +61,7 @@ def test_the_study_demands_cover_the_baseline_and_every_parallel_size() -> None:
     demands = study_demands(_gpu_config())
     assert sorted(d.gpus for d in demands) == [1, 1, 2, 4, 8]  # the baseline is TP 1
     at_share = study_demands(_gpu_config(), cpus_per_gpu=4)
-    assert sorted((d.gpus, d.cpus) for d in at_share) == [(1, 4), (1, 4), (2, 8), (4, 16),
-                                                          (8, 32)]  # fmt: skip
+    assert sorted((d.gpus, d.cpus) for d in at_share) == [(1, 4), (1, 4), (2, 8), (4, 16), (8, 32)]
 
 
 def test_a_gpus_share_of_cores_is_the_least_of_the_gpu_nodes() -> None:
@@ -77,8 +76,11 @@ def test_parallel_auto_is_what_the_cluster_holds_of_the_smallest_trial() -> None
     nodes = [Demand(8, 64), Demand(4, 6)]
     assert resolve_slots("auto", nodes, demands) == 8 + 2  # the small node is short of cores
     assert resolve_slots("3", nodes, demands) == 3
-    with pytest.raises(ConfigError, match=r"study.parallel=11 is larger than the cluster can "
-                       r"place: its 2 node\(s\) hold 10 trial\(s\) of 1 GPU, 3 CPUs"):  # fmt: skip
+    with pytest.raises(
+        ConfigError,
+        match=r"study.parallel=11 is larger than the cluster can "
+        r"place: its 2 node\(s\) hold 10 trial\(s\) of 1 GPU, 3 CPUs",
+    ):
         resolve_slots("11", nodes, demands)
 
 
@@ -89,8 +91,11 @@ def test_candidates_larger_than_every_node_are_left_to_the_screen() -> None:
     beyond = check_demands(config, study_demands(config), Demand(4, 64), "the Ray cluster")
     assert beyond == [Demand(8, 11)]
     config.server.args["tensor_parallel_size"] = 8
-    with pytest.raises(ConfigError, match="needs 8 GPUs, 11 CPUs on one node, and the largest "
-                       "node of the Ray cluster has 4 GPUs, 64 CPUs"):  # fmt: skip
+    with pytest.raises(
+        ConfigError,
+        match="needs 8 GPUs, 11 CPUs on one node, and the largest "
+        "node of the Ray cluster has 4 GPUs, 64 CPUs",
+    ):
         check_demands(config, study_demands(config), Demand(4, 64), "the Ray cluster")
 
 
@@ -111,8 +116,9 @@ def test_the_local_executor_runs_the_trial_in_wait(tmp_path: Path) -> None:
     said: list[str] = []
     calls: list[str] = []
 
-    def trial(config: TunerConfig, launch: LaunchSpec, paths: Any, trial_id: str,
-              progress: Any) -> TrialOutcome:  # fmt: skip
+    def trial(
+        config: TunerConfig, launch: LaunchSpec, paths: Any, trial_id: str, progress: Any
+    ) -> TrialOutcome:
         calls.append(trial_id)
         progress("hello")
         return TrialOutcome(trial_id, TrialStatus.OK, ["vllm"], launch)
@@ -142,8 +148,12 @@ def test_trials_on_one_node_get_disjoint_cores(tmp_path: Path) -> None:
 
 def test_a_dead_workers_claim_is_free_again(tmp_path: Path) -> None:
     ledger = CoreLedger(tmp_path / "node.json", cores=range(4), slots=4)
-    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
-                          capture_output=True, text=True, check=True)  # fmt: skip
+    gone = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     ledger.acquire("killed", int(gone.stdout), 4)
     assert ledger.acquire("next", os.getpid(), 2) == (0, 1)
     assert set(json.loads((tmp_path / "node.json").read_text())) == {"next"}

@@ -27,15 +27,30 @@ from tuner.study.runner import StudyRunner
 GPUS = 8
 
 
-def table_trial(config: TunerConfig, launch: LaunchSpec, paths: Any, trial_id: str,
-                progress: Any = None) -> TrialOutcome:  # fmt: skip
+def table_trial(
+    config: TunerConfig, launch: LaunchSpec, paths: Any, trial_id: str, progress: Any = None
+) -> TrialOutcome:
     tp = int(launch.args.get("tensor_parallel_size") or 1)
     stats = MetricStats(n=10, p50=1.0, p99=2.0)
-    m = Measurements(ttft=stats, tpot=stats, itl=MetricStats(), e2e=stats, window_s=10.0,
-                     requests_started=10, completed=10, failed=0, errors_by_kind={},
-                     error_rate=0.0, request_throughput=1.0, output_throughput=100.0 * tp,
-                     total_throughput=100.0 * tp, goodput=1.0, mean_prompt_tokens=None,
-                     mean_output_tokens=None, dispatch_lag_p99_s=None)  # fmt: skip
+    m = Measurements(
+        ttft=stats,
+        tpot=stats,
+        itl=MetricStats(),
+        e2e=stats,
+        window_s=10.0,
+        requests_started=10,
+        completed=10,
+        failed=0,
+        errors_by_kind={},
+        error_rate=0.0,
+        request_throughput=1.0,
+        output_throughput=100.0 * tp,
+        total_throughput=100.0 * tp,
+        goodput=1.0,
+        mean_prompt_tokens=None,
+        mean_output_tokens=None,
+        dispatch_lag_p99_s=None,
+    )
     outcome = TrialOutcome(trial_id, TrialStatus.OK, ["table"], launch, measurements=m)
     outcome.write(paths.ensure().result_json)
     return outcome
@@ -46,8 +61,12 @@ class VirtualExecutor:
 
     name = "virtual"
 
-    def __init__(self, slots: int = GPUS, lose: set[int] = frozenset(),  # type: ignore[assignment]
-                 interrupt_at: int = 0) -> None:  # fmt: skip
+    def __init__(
+        self,
+        slots: int = GPUS,
+        lose: set[int] = frozenset(),  # type: ignore[assignment]
+        interrupt_at: int = 0,
+    ) -> None:
         self.slots, self.lose, self.interrupt_at = slots, set(lose), interrupt_at
         self.now = 0.0
         self.running: list[tuple[float, int, TrialJob]] = []
@@ -160,8 +179,12 @@ def test_a_lost_trial_is_failed_and_measured_again(tmp_path: Path) -> None:
     trials = _stage(config).trials
     lost = [t for t in trials if t.state == optuna.trial.TrialState.FAIL]
     assert len(lost) == 1 and lost[0].user_attrs[TrialAttr.FAILURE_REASON] == REASON_EXECUTOR_LOST
-    done = [t for t in trials if t.state == optuna.trial.TrialState.COMPLETE
-            and t.user_attrs[TrialAttr.ROLE] == Role.SEARCH]  # fmt: skip
+    done = [
+        t
+        for t in trials
+        if t.state == optuna.trial.TrialState.COMPLETE
+        and t.user_attrs[TrialAttr.ROLE] == Role.SEARCH
+    ]
     assert len(done) == 6  # the budget is met
     assert any("FAILED (executor_lost): the node died; measured again" in line for line in said)
 

@@ -22,15 +22,18 @@ def test_shared_prompts_are_distinct_fresh_per_run_and_read_by_vllm_bench_as_wri
     from vllm.benchmarks.datasets.datasets import CustomDataset
     from vllm.tokenizers import get_tokenizer
 
-    args = fidelity.parse_args(["compare", "--num-prompts", "40", "--input-len", "64",
-                                "--output-len", "8"])  # fmt: skip
+    args = fidelity.parse_args(
+        ["compare", "--num-prompts", "40", "--input-len", "64", "--output-len", "8"]
+    )
     target = Target("http://unused", None, str(tiny_model), str(tiny_model))
     first = fidelity.prompts_file(args, target, tmp_path, seed=1)
     rows = [json.loads(line) for line in first.read_text().splitlines()]
     assert len(rows) == 40 and len({r["prompt"] for r in rows}) == 40  # no prefix-cache repeats
     assert {r["max_tokens"] for r in rows} == {8}
-    again = [json.loads(line) for line in fidelity.prompts_file(args, target, tmp_path, 2)
-             .read_text().splitlines()]  # fmt: skip
+    again = [
+        json.loads(line)
+        for line in fidelity.prompts_file(args, target, tmp_path, 2).read_text().splitlines()
+    ]
     assert not {r["prompt"] for r in rows} & {r["prompt"] for r in again}  # fresh per run
 
     argv = fidelity.dataset_argv(args, first)
@@ -57,8 +60,12 @@ def test_the_server_view_divides_each_client_mean_by_the_servers_own() -> None:
     tpot, e2e = HISTOGRAMS["server_tpot_mean_s"], HISTOGRAMS["server_e2e_mean_s"]
     before = {f"{tpot}_sum": 1.0, f"{tpot}_count": 10.0, f"{e2e}_sum": 5.0, f"{e2e}_count": 10.0}
     # 320 requests: the server's mean TPOT 20 ms and mean E2E 1.5 s; no new TTFT observations.
-    after = {f"{tpot}_sum": 1.0 + 320 * 0.020, f"{tpot}_count": 330.0,
-             f"{e2e}_sum": 5.0 + 320 * 1.5, f"{e2e}_count": 330.0}  # fmt: skip
+    after = {
+        f"{tpot}_sum": 1.0 + 320 * 0.020,
+        f"{tpot}_count": 330.0,
+        f"{e2e}_sum": 5.0 + 320 * 1.5,
+        f"{e2e}_count": 330.0,
+    }
     client = {"mean_ttft_s": 0.2, "mean_tpot_s": 0.022, "mean_e2e_s": 1.5}
     view = fidelity.server_view(client, before, after)
     assert view["server_tpot_mean_s"] == pytest.approx(0.020)

@@ -65,8 +65,10 @@ def test_the_median_slo_puts_no_configuration_on_the_line_and_keeps_who_meets_it
     land = synthetic()
     slo = median_slo(land)
     truths = [land.true(k) for k in land.grid_keys()]
-    for values, line in (([m.p99_ttft_s for m in truths], slo.p99_ttft_s),
-                         ([m.p99_tpot_s for m in truths], slo.p99_tpot_s)):  # fmt: skip
+    for values, line in (
+        ([m.p99_ttft_s for m in truths], slo.p99_ttft_s),
+        ([m.p99_tpot_s for m in truths], slo.p99_tpot_s),
+    ):
         assert not np.any(np.isclose(values, line, rtol=1e-9, atol=0.0))
         # The same configurations meet it as meet the plain median.
         assert [v <= line for v in values] == [v <= float(np.median(values)) for v in values]
@@ -87,11 +89,15 @@ def test_noise_is_multiplicative_at_the_stated_cv_and_absent_at_zero() -> None:
 def test_every_arm_finds_the_known_optimum_at_no_noise() -> None:
     land = synthetic()
     arms = [
-        (StudyStrategy("staged", "staged", "tpe", 3, repeats=1), gpu_replay.groups_of(
-            land, ["parallelism", "batching"])),
-        (StudyStrategy("joint", "joint", "tpe", 6, repeats=1),
-         {"joint": [GPU_PARAM, "max_num_seqs"]}),
-    ]  # fmt: skip
+        (
+            StudyStrategy("staged", "staged", "tpe", 3, repeats=1),
+            gpu_replay.groups_of(land, ["parallelism", "batching"]),
+        ),
+        (
+            StudyStrategy("joint", "joint", "tpe", 6, repeats=1),
+            {"joint": [GPU_PARAM, "max_num_seqs"]},
+        ),
+    ]
     result = gpu_replay.replay(land, LOOSE, 1, arms)
     assert result["reference"]["grid_size"] == 6
     assert result["reference"]["defaults"] == {GPU_PARAM: 2, "max_num_seqs": 4}
@@ -112,8 +118,21 @@ def test_every_arm_finds_the_known_optimum_at_no_noise() -> None:
 
 
 def _point(tok_s_per_gpu: float, tp: int, ttft_s: float) -> Measured:
-    return Measured(True, "", 1.0, 1.0, ttft_s, ttft_s, 0.01, 0.01, tok_s_per_gpu * tp,
-                    tok_s_per_gpu * tp / 100, 0.0, 100, 0)  # fmt: skip
+    return Measured(
+        True,
+        "",
+        1.0,
+        1.0,
+        ttft_s,
+        ttft_s,
+        0.01,
+        0.01,
+        tok_s_per_gpu * tp,
+        tok_s_per_gpu * tp / 100,
+        0.0,
+        100,
+        0,
+    )
 
 
 def test_a_near_miss_leads_the_next_stage_to_an_optimum_that_needs_both_knobs() -> None:
@@ -123,8 +142,12 @@ def test_a_near_miss_leads_the_next_stage_to_an_optimum_that_needs_both_knobs() 
     only a stage run around the near miss reaches (1, 4). At no noise it must, and it must not
     hand over the near miss itself."""
     slo = GpuSlo(p99_ttft_s=1.0, p99_tpot_s=100.0)
-    truths = {(1, 16): _point(180, 1, 1.1), (1, 4): _point(150, 1, 0.5),
-              (2, 16): _point(100, 2, 0.6), (2, 4): _point(90, 2, 0.4)}  # fmt: skip
+    truths = {
+        (1, 16): _point(180, 1, 1.1),
+        (1, 4): _point(150, 1, 0.5),
+        (2, 16): _point(100, 2, 0.6),
+        (2, 4): _point(90, 2, 0.4),
+    }
     land = GpuLandscape([GPU_PARAM, "max_num_seqs"], truths, {GPU_PARAM: 2, "max_num_seqs": 16})
     groups = gpu_replay.groups_of(land, ["parallelism", "batching"])
     arms = [(StudyStrategy("staged", "staged", "tpe", 2, repeats=1), groups)]
@@ -149,10 +172,17 @@ def test_edge_flags_count_what_the_study_called_feasible_by_its_truth() -> None:
     assert edge_flags(rows) == "1/2 infeasible, 1/2 feasible"
     assert edge_flags([row(False, 0.0, [])]) == "-"
     # At no noise no window spreads: nothing is on an edge, in any arm of a replay.
-    result = gpu_replay.replay(synthetic(), LOOSE, 1, [
-        (StudyStrategy("staged", "staged", "tpe", 3, repeats=1),
-         gpu_replay.groups_of(synthetic(), ["parallelism", "batching"])),
-    ])  # fmt: skip
+    result = gpu_replay.replay(
+        synthetic(),
+        LOOSE,
+        1,
+        [
+            (
+                StudyStrategy("staged", "staged", "tpe", 3, repeats=1),
+                gpu_replay.groups_of(synthetic(), ["parallelism", "batching"]),
+            ),
+        ],
+    )
     staged = [r for r in result["runs"] if r["strategy"] == "staged"]
     assert staged and all(r["believed_feasible"] and r["on_edge"] == [] for r in staged)
 

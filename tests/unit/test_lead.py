@@ -10,19 +10,21 @@ from tuner.study.lead import LEAD_MAX_OVERSHOOT, find_lead, lead_incumbent, next
 from tuner.study.noise import NoiseEstimate
 from tuner.study.stages import Incumbent
 
-FEASIBLE = Incumbent({"tensor_parallel_size": 8}, [100.0], {"slo_p99_ttft": -0.2}, "baseline",
-                     [99.0, 100.0, 101.0])  # fmt: skip
+FEASIBLE = Incumbent(
+    {"tensor_parallel_size": 8}, [100.0], {"slo_p99_ttft": -0.2}, "baseline", [99.0, 100.0, 101.0]
+)
 
 
 def _trial(number: int, tp: int, value: float, overshoot: float, ok: bool = True):  # type: ignore[no-untyped-def]
     trial = optuna.trial.create_trial(
         params={"tensor_parallel_size": tp},
-        distributions={"tensor_parallel_size": optuna.distributions.CategoricalDistribution(
-            [1, 2, 4, 8])},
+        distributions={
+            "tensor_parallel_size": optuna.distributions.CategoricalDistribution([1, 2, 4, 8])
+        },
         values=[value],
         user_attrs={TrialAttr.STATUS: TrialStatus.OK if ok else TrialStatus.FAILED},
         constraints={"slo_p99_ttft": overshoot},
-    )  # fmt: skip
+    )
     trial.number = number
     return trial
 
@@ -57,22 +59,46 @@ def test_a_winner_whose_repeats_missed_the_slos_is_judged_by_them() -> None:
     repeated = {1: {"slo_p99_ttft": 0.01}}
     got = find_lead([winner], FEASIBLE, 0, 1.0, 0.0, NoiseEstimate(0.01, 10), repeated)
     assert got is winner
-    assert find_lead([winner], FEASIBLE, 0, 1.0, 0.0, NoiseEstimate(0.01, 10),
-                     {1: {"slo_p99_ttft": LEAD_MAX_OVERSHOOT + 0.01}}) is None  # fmt: skip
+    assert (
+        find_lead(
+            [winner],
+            FEASIBLE,
+            0,
+            1.0,
+            0.0,
+            NoiseEstimate(0.01, 10),
+            {1: {"slo_p99_ttft": LEAD_MAX_OVERSHOOT + 0.01}},
+        )
+        is None
+    )
 
 
 def test_a_winner_kept_out_on_its_repeats_leads_with_or_without_a_runner_up() -> None:
     """No other trial met the SLOs on its window, so no runner-up was confirmed: the kept
     decision's candidate is the winner, judged by its repeats (4 % over), and leads."""
     winner, slower = _trial(1, 4, 145.0, -0.001), _trial(2, 2, 90.0, 0.5)
-    kept = Decision("parallelism", "tok_s", "maximize", False, "violated an SLO",
-                    candidate_trial=1, candidate_constraints={"slo_p99_ttft": 0.04})  # fmt: skip
+    kept = Decision(
+        "parallelism",
+        "tok_s",
+        "maximize",
+        False,
+        "violated an SLO",
+        candidate_trial=1,
+        candidate_constraints={"slo_p99_ttft": 0.04},
+    )
     got = next_lead([winner, slower], FEASIBLE, kept, (0, 1.0), 0.0, NoiseEstimate(0.01, 10))
     assert got is not None
     lead, line = got
     assert lead.params == {"tensor_parallel_size": 4} and lead.constraints == {"slo_p99_ttft": 0.04}
     assert "missed the SLOs by 4.0%" in line
     # Accepted, its constraints are the new incumbent's: nothing re-measured is left over.
-    accepted = Decision("parallelism", "tok_s", "maximize", True, "gain", candidate_trial=1,
-                        candidate_constraints={"slo_p99_ttft": -0.01})  # fmt: skip
+    accepted = Decision(
+        "parallelism",
+        "tok_s",
+        "maximize",
+        True,
+        "gain",
+        candidate_trial=1,
+        candidate_constraints={"slo_p99_ttft": -0.01},
+    )
     assert next_lead([winner], FEASIBLE, accepted, (0, 1.0), 0.0, NoiseEstimate(0.01, 10)) is None

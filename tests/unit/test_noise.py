@@ -21,9 +21,10 @@ def test_the_estimate_pools_log_variance_over_repeated_configurations() -> None:
     assert est.df == 2 and est.rel_sd == pytest.approx(math.sqrt(5) * s)
     # single windows, failures (inf, nan) and zeros carry no information about the spread
     same = NoiseEstimate.of(
-        [math.exp(-s), math.exp(s), float("inf")], [7.0], [0.0, 5.0 * math.exp(-2 * s),
-        5.0 * math.exp(2 * s), float("nan")],
-    )  # fmt: skip
+        [math.exp(-s), math.exp(s), float("inf")],
+        [7.0],
+        [0.0, 5.0 * math.exp(-2 * s), 5.0 * math.exp(2 * s), float("nan")],
+    )
     assert same == est
     unknown = NoiseEstimate.of([1.0], [])
     assert unknown.df == 0 and unknown.threshold(3, 3, 100.0) == 0.0

@@ -19,9 +19,18 @@ from tuner.telemetry import TelemetrySummary
 def _outcome() -> TrialOutcome:
     records = [
         RequestRecord(
-            request_id=str(i), request_class="short", api="completions", phase="measure",
-            scheduled_at=100.0 + i, sent_at=100.0 + i, ok=True, status=200, ttft_s=0.05,
-            e2e_s=0.5, output_tokens=16, done_at=100.5 + i,
+            request_id=str(i),
+            request_class="short",
+            api="completions",
+            phase="measure",
+            scheduled_at=100.0 + i,
+            sent_at=100.0 + i,
+            ok=True,
+            status=200,
+            ttft_s=0.05,
+            e2e_s=0.5,
+            output_tokens=16,
+            done_at=100.5 + i,
         )
         for i in range(5)
     ]

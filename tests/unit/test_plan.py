@@ -41,8 +41,7 @@ def _aic_direct(system: str, model: str, p: PlanPoint) -> dict[str, float]:
     from aiconfigurator_core.sdk.perf_database import get_database_view
 
     db = get_database_view(system, "vllm", VERSION)
-    mc = build_model_config(p.tp, p.pp, 1, p.tp, 1, gemm_quant_mode=p.gemm,
-                            kvcache_quant_mode=p.kv)  # fmt: skip
+    mc = build_model_config(p.tp, p.pp, 1, p.tp, 1, gemm_quant_mode=p.gemm, kvcache_quant_mode=p.kv)
     runtime = RuntimeConfig(isl=p.isl, osl=p.osl, batch_size=p.batch)
     summary = get_backend("vllm").run_agg(
         get_model(model, mc, "vllm"), db, runtime, ctx_tokens=step_prefill(p)
@@ -53,13 +52,19 @@ def _aic_direct(system: str, model: str, p: PlanPoint) -> dict[str, float]:
 @pytest.mark.parametrize(
     ("system", "model", "point"),
     [
-        ("h200_sxm", LLAMA_8B, PlanPoint(tp=1, batch=32, isl=1024, osl=256, gemm="bfloat16",
-                                         kv="bfloat16")),
+        (
+            "h200_sxm",
+            LLAMA_8B,
+            PlanPoint(tp=1, batch=32, isl=1024, osl=256, gemm="bfloat16", kv="bfloat16"),
+        ),
         ("h100_sxm", LLAMA_70B, PlanPoint(tp=2, batch=16, isl=2048, osl=128, gemm="fp8")),
-        ("h200_sxm", LLAMA_70B, PlanPoint(tp=8, batch=64, isl=512, osl=512, gemm="fp8",
-                                          kv="fp8", ctx_tokens=256)),
+        (
+            "h200_sxm",
+            LLAMA_70B,
+            PlanPoint(tp=8, batch=64, isl=512, osl=512, gemm="fp8", kv="fp8", ctx_tokens=256),
+        ),
     ],
-)  # fmt: skip
+)
 def test_estimates_are_aiconfigurators_own(system: str, model: str, point: PlanPoint) -> None:
     ours = Estimator(system, VERSION, model).estimate(point)
     theirs = _aic_direct(system, model, point)
@@ -76,10 +81,18 @@ def test_kv_capacity_is_aiconfigurators_and_70b_bf16_needs_two_h200s() -> None:
     est = Estimator("h200_sxm", VERSION, LLAMA_70B)
     point = PlanPoint(tp=2, batch=64, isl=1024, osl=256, gemm="bfloat16", kv="bfloat16")
     theirs = estimate_kv_cache(
-        LLAMA_70B, "h200_sxm", "vllm", VERSION, max_num_tokens=point.ctx_tokens,
-        max_batch_size=64, memory_fraction_kind="of_total", memory_fraction_value=0.9,
-        tp_size=2, gemm_quant_mode="bfloat16", kvcache_quant_mode="bfloat16",
-    )  # fmt: skip
+        LLAMA_70B,
+        "h200_sxm",
+        "vllm",
+        VERSION,
+        max_num_tokens=point.ctx_tokens,
+        max_batch_size=64,
+        memory_fraction_kind="of_total",
+        memory_fraction_value=0.9,
+        tp_size=2,
+        gemm_quant_mode="bfloat16",
+        kvcache_quant_mode="bfloat16",
+    )
     assert est.kv_tokens(point) == theirs["total_kv_size_tokens"]
     one = est.estimate(PlanPoint(tp=1, batch=64, isl=1024, osl=256, gemm="bfloat16"))
     assert one.fits == Fit.NO and not one.starts and "no KV budget" in one.note
@@ -169,8 +182,16 @@ def test_plan_prints_its_table_of_the_whole_space(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], system: str, model: str
 ) -> None:
     started = time.monotonic()
-    rc = main(["plan", *GPU_STUDY, f"server.model={model}", f"plan.system={system}",
-               "--out", str(tmp_path)])  # fmt: skip
+    rc = main(
+        [
+            "plan",
+            *GPU_STUDY,
+            f"server.model={model}",
+            f"plan.system={system}",
+            "--out",
+            str(tmp_path),
+        ]
+    )
     elapsed = time.monotonic() - started
     out = capsys.readouterr().out
     assert rc == 0 and elapsed < 30, elapsed
@@ -190,8 +211,18 @@ def test_plan_prints_its_table_of_the_whole_space(
 
 
 def test_plan_sizes_replicas_for_a_target(tmp_path: Path, capsys: pytest.CaptureFixture[str]):  # type: ignore[no-untyped-def]
-    rc = main(["plan", *GPU_STUDY, f"server.model={LLAMA_8B}", "plan.system=h100_sxm",
-               "--target-rps", "50", "--out", str(tmp_path)])  # fmt: skip
+    rc = main(
+        [
+            "plan",
+            *GPU_STUDY,
+            f"server.model={LLAMA_8B}",
+            "plan.system=h100_sxm",
+            "--target-rps",
+            "50",
+            "--out",
+            str(tmp_path),
+        ]
+    )
     out = capsys.readouterr().out
     assert rc == 0
     lines = out.splitlines()
@@ -207,14 +238,13 @@ def test_plan_sizes_replicas_for_a_target(tmp_path: Path, capsys: pytest.Capture
     [
         (["plan.system=h300_sxm"], "unknown GPU system 'h300_sxm'"),
         (["plan.system=h200_sxm", "server.model=/tmp"], "has no config.json"),
-        (["plan.system=h200_sxm", "server.model=acme/Llama-3.3-70B-Instruct"],
-         "no hub download"),
+        (["plan.system=h200_sxm", "server.model=acme/Llama-3.3-70B-Instruct"], "no hub download"),
         (["plan.system=h200_sxm", "--target-rps", "0"], "target rate must be > 0"),
         (["plan.system=h200_sxm", "--target-rps", "-3"], "target rate must be > 0"),
         (["plan.system=h200_sxm", "plan.headroom=1.0"], "headroom must be in [0, 1)"),
         (["plan.system=h200_sxm", "plan.headroom=-0.1"], "headroom must be in [0, 1)"),
     ],
-)  # fmt: skip
+)
 def test_bad_plan_input_is_one_line_and_exit_2(
     args: list[str], message: str, capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
@@ -228,7 +258,8 @@ def test_bad_plan_input_is_one_line_and_exit_2(
 def test_the_tiny_local_model_is_read_from_its_config_json(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    rc = main(["plan", f"server.model={TINY_MODEL}", "plan.system=h200_sxm",
-               "--out", str(tmp_path)])  # fmt: skip
+    rc = main(
+        ["plan", f"server.model={TINY_MODEL}", "plan.system=h200_sxm", "--out", str(tmp_path)]
+    )
     assert rc == 0
     assert "tiny-llama on h200_sxm" in capsys.readouterr().out

@@ -26,19 +26,29 @@ BATCHES = [4, 8, 16, 32, 64]
 
 
 def _config(tmp_path: Path, tpot_s: float) -> TunerConfig:
-    config = compose([
-        "study=llama70b_8xh200", "server.model=meta-llama/Meta-Llama-3.1-70B",
-        "plan.system=h200_sxm", "plan.backend_version=0.24.0", "study.prescreen=true",
-        "+server.args.quantization=fp8", "search_space=[parallelism,batching]",
-        "study.stages=[parallelism,batching]", "study.trials_per_stage=3",
-        "search_space.parallelism.tensor_parallel_size.choices=[1,2,4,8]",
-        "search_space.parallelism.pipeline_parallel_size.choices=[1]",
-        "workload.concurrency=64",
-        "workload.classes=[{prompt_tokens:{mean:8192},output_tokens:{mean:1024}}]",
-        "objectives.names=[output_throughput_per_gpu,output_throughput_per_user]",
-        "objectives.select_by=output_throughput_per_gpu", "slo.p99_ttft_s=100",
-        f"slo.p99_tpot_s={tpot_s}", "slo.p99_e2e_s=0", f"studies_dir={tmp_path}",
-    ])  # fmt: skip
+    config = compose(
+        [
+            "study=llama70b_8xh200",
+            "server.model=meta-llama/Meta-Llama-3.1-70B",
+            "plan.system=h200_sxm",
+            "plan.backend_version=0.24.0",
+            "study.prescreen=true",
+            "+server.args.quantization=fp8",
+            "search_space=[parallelism,batching]",
+            "study.stages=[parallelism,batching]",
+            "study.trials_per_stage=3",
+            "search_space.parallelism.tensor_parallel_size.choices=[1,2,4,8]",
+            "search_space.parallelism.pipeline_parallel_size.choices=[1]",
+            "workload.concurrency=64",
+            "workload.classes=[{prompt_tokens:{mean:8192},output_tokens:{mean:1024}}]",
+            "objectives.names=[output_throughput_per_gpu,output_throughput_per_user]",
+            "objectives.select_by=output_throughput_per_gpu",
+            "slo.p99_ttft_s=100",
+            f"slo.p99_tpot_s={tpot_s}",
+            "slo.p99_e2e_s=0",
+            f"studies_dir={tmp_path}",
+        ]
+    )
     config.search_space["batching"] = {
         "max_num_seqs": ParamSpec(type="categorical", choices=BATCHES)
     }
@@ -52,16 +62,21 @@ def _point(tp: int, seqs: int) -> dict[str, Any]:
 def _measured(planner: Planner, params: dict[str, Any], slo: SloConfig) -> dict[str, float]:
     """Constraints of a window that read the estimated means (its anchor is 1)."""
     e = planner.estimate(params)
-    return {"slo_p99_ttft": e.ttft_ms / 1000 / slo.p99_ttft_s - 1,
-            "slo_p99_tpot": e.tpot_ms / 1000 / slo.p99_tpot_s - 1}  # fmt: skip
+    return {
+        "slo_p99_ttft": e.ttft_ms / 1000 / slo.p99_ttft_s - 1,
+        "slo_p99_tpot": e.tpot_ms / 1000 / slo.p99_tpot_s - 1,
+    }
 
 
 def _best_batch(planner: Planner, tp: int, tpot_s: float) -> tuple[int, float]:
     """TP ``tp``'s batch with the most tokens per GPU whose estimated TPOT is within the
     look-ahead's tolerance of ``tpot_s``."""
     limit = tpot_s * (1 + LOOKAHEAD_TOLERANCE)
-    meets = [(planner.estimate(_point(tp, n)).tokens_s_gpu, n) for n in BATCHES
-             if planner.estimate(_point(tp, n)).tpot_ms / 1000 <= limit]  # fmt: skip
+    meets = [
+        (planner.estimate(_point(tp, n)).tokens_s_gpu, n)
+        for n in BATCHES
+        if planner.estimate(_point(tp, n)).tpot_ms / 1000 <= limit
+    ]
     rate, batch = max(meets)
     return batch, rate
 
@@ -87,8 +102,10 @@ def _screen(config: TunerConfig) -> Prescreen:
 
 
 def _stages(config: TunerConfig) -> tuple[Stage, Stage]:
-    return (Stage("parallelism", config.search_space["parallelism"], 3),
-            Stage("batching", config.search_space["batching"], 3))  # fmt: skip
+    return (
+        Stage("parallelism", config.search_space["parallelism"], 3),
+        Stage("batching", config.search_space["batching"], 3),
+    )
 
 
 def _incumbent(
@@ -226,8 +243,11 @@ def test_a_lead_the_estimator_named_hands_over_a_point_that_met_the_slos() -> No
     slo = GpuSlo(median.p99_ttft_s, median.p99_tpot_s)
     config = gpu_replay.gpu_config(land, slo)
     gpu_replay.estimated_on(config, silicon.TABLES[name], land)
-    (strategy, groups), = [a for a in gpu_replay.strategies(
-        land, [["parallelism", "batching"]], 4, 8, 0, True) if a[0].prescreen]  # fmt: skip
+    ((strategy, groups),) = [
+        a
+        for a in gpu_replay.strategies(land, [["parallelism", "batching"]], 4, 8, 0, True)
+        if a[0].prescreen
+    ]
     trace = run_study(land, config, strategy, categorical_space(land, groups), 0.0, seed=6)
     confirmed = [launch.key for launch in trace.launches if launch.label.endswith("confirm")]
     assert (4, 32) in confirmed and (4, 16) in confirmed  # the winner's repeats, then 16's

@@ -38,12 +38,24 @@ def _outcome(launch: LaunchSpec, trial_id: str) -> TrialOutcome:
     tp = int(launch.args.get("tensor_parallel_size") or 1)
     n = 100
     m = Measurements(
-        ttft=MetricStats.of([0.2] * n), tpot=MetricStats.of([0.03 / tp] * n), itl=MetricStats(),
-        e2e=MetricStats.of([1.0 / tp] * n), window_s=10.0, requests_started=n, completed=n,
-        failed=0, errors_by_kind={}, error_rate=0.0, request_throughput=10.0 * tp,
-        output_throughput=640.0 * tp, total_throughput=1000.0 * tp, goodput=10.0 * tp,
-        mean_prompt_tokens=336.0, mean_output_tokens=64.0, dispatch_lag_p99_s=None,
-    )  # fmt: skip
+        ttft=MetricStats.of([0.2] * n),
+        tpot=MetricStats.of([0.03 / tp] * n),
+        itl=MetricStats(),
+        e2e=MetricStats.of([1.0 / tp] * n),
+        window_s=10.0,
+        requests_started=n,
+        completed=n,
+        failed=0,
+        errors_by_kind={},
+        error_rate=0.0,
+        request_throughput=10.0 * tp,
+        output_throughput=640.0 * tp,
+        total_throughput=1000.0 * tp,
+        goodput=10.0 * tp,
+        mean_prompt_tokens=336.0,
+        mean_output_tokens=64.0,
+        dispatch_lag_p99_s=None,
+    )
     return TrialOutcome(trial_id, TrialStatus.OK, [], launch, measurements=m)
 
 
@@ -80,8 +92,9 @@ def test_a_point_that_cannot_fit_is_screened_unlaunched_and_the_best_go_first(
     config = _config(tmp_path)
     launched: list[dict[str, Any]] = []
 
-    def trial_fn(cfg: TunerConfig, launch: LaunchSpec, paths: Any, trial_id: str,
-                 progress: Any = None) -> TrialOutcome:  # fmt: skip
+    def trial_fn(
+        cfg: TunerConfig, launch: LaunchSpec, paths: Any, trial_id: str, progress: Any = None
+    ) -> TrialOutcome:
         launched.append(dict(launch.args))
         return _outcome(launch, trial_id)
 
@@ -90,8 +103,9 @@ def test_a_point_that_cannot_fit_is_screened_unlaunched_and_the_best_go_first(
     runner = StudyRunner(config, evaluator, {"t": 1}, said.append, trial_fn=trial_fn)
     runner.prescreen = Prescreen(config, evaluator, said.append, None, Planner(config))
     runner.run()
-    study = optuna.load_study(study_name="llama70b_8xh200:parallelism",
-                              storage=f"sqlite:///{runner.paths.storage_db}")  # fmt: skip
+    study = optuna.load_study(
+        study_name="llama70b_8xh200:parallelism", storage=f"sqlite:///{runner.paths.storage_db}"
+    )
     search = [t for t in study.trials if t.user_attrs.get("role") == Role.SEARCH]
     screened = [  # a re-proposal of it is answered from the storage (reused_from), not again
         t
@@ -128,12 +142,15 @@ def test_spearman_and_ratios_on_known_values() -> None:
     assert spearman([1, 2, 3, 4], [10, 20, 30, 40]) == pytest.approx(1.0)
     assert spearman([1, 2, 3, 4], [4, 3, 2, 1]) == pytest.approx(-1.0)
     assert spearman([1, 2], [1, 2]) is None and spearman([1, 1, 1], [1, 2, 3]) is None
-    got = estimate_vs_measured([1.0, 2.0, 4.0, None, float("nan")],
-                               [2.0, 4.0, 8.0, 3.0, 1.0], "tpot")  # fmt: skip
+    got = estimate_vs_measured(
+        [1.0, 2.0, 4.0, None, float("nan")], [2.0, 4.0, 8.0, 3.0, 1.0], "tpot"
+    )
     assert got.n == 3 and got.spearman == pytest.approx(1.0)
     assert got.ratio_median == pytest.approx(2.0) and got.abs_error_median == pytest.approx(0.5)
-    attrs = [{"plan_tpot_ms": 10.0 * i, "m_tpot_mean_s": 0.012 * i, "plan_ttft_ms": None}
-             for i in range(1, 5)]  # fmt: skip
+    attrs = [
+        {"plan_tpot_ms": 10.0 * i, "m_tpot_mean_s": 0.012 * i, "plan_ttft_ms": None}
+        for i in range(1, 5)
+    ]
     agreement = trials_agreement(attrs)
     assert agreement["tpot"].ratio_median == pytest.approx(1.2) and agreement["ttft"].n == 0
 
@@ -141,18 +158,28 @@ def test_spearman_and_ratios_on_known_values() -> None:
 def _fp8_70b(tmp_path: Path, *overrides: str) -> TunerConfig:
     """Llama-3.1-70B FP8 on H200s at 64 users of 1024/1024 tokens, TP the only knob, per-GPU
     throughput the selection objective (the fleet objectives of a GPU study)."""
-    return compose([
-        "study=llama70b_8xh200", "server.model=meta-llama/Meta-Llama-3.1-70B",
-        "plan.system=h200_sxm", "plan.backend_version=0.24.0", "study.prescreen=true",
-        "+server.args.quantization=fp8", "+server.args.max_num_seqs=64",
-        "search_space=[parallelism]", "study.stages=[parallelism]",
-        "search_space.parallelism.tensor_parallel_size.choices=[1,2,4,8]",
-        "search_space.parallelism.pipeline_parallel_size.choices=[1]",
-        "study.trials_per_stage=3", "workload.concurrency=64",
-        "workload.classes=[{prompt_tokens:{mean:1024},output_tokens:{mean:1024}}]",
-        "objectives.names=[output_throughput_per_gpu,output_throughput_per_user]",
-        "objectives.select_by=output_throughput_per_gpu", f"studies_dir={tmp_path}", *overrides,
-    ])  # fmt: skip
+    return compose(
+        [
+            "study=llama70b_8xh200",
+            "server.model=meta-llama/Meta-Llama-3.1-70B",
+            "plan.system=h200_sxm",
+            "plan.backend_version=0.24.0",
+            "study.prescreen=true",
+            "+server.args.quantization=fp8",
+            "+server.args.max_num_seqs=64",
+            "search_space=[parallelism]",
+            "study.stages=[parallelism]",
+            "search_space.parallelism.tensor_parallel_size.choices=[1,2,4,8]",
+            "search_space.parallelism.pipeline_parallel_size.choices=[1]",
+            "study.trials_per_stage=3",
+            "workload.concurrency=64",
+            "workload.classes=[{prompt_tokens:{mean:1024},output_tokens:{mean:1024}}]",
+            "objectives.names=[output_throughput_per_gpu,output_throughput_per_user]",
+            "objectives.select_by=output_throughput_per_gpu",
+            f"studies_dir={tmp_path}",
+            *overrides,
+        ]
+    )
 
 
 def _first_enqueued(config: TunerConfig) -> dict[str, Any]:
@@ -222,17 +249,28 @@ def test_a_scale_runs_through_two_batches_and_is_flat_at_one() -> None:
 
 def _batching_70b(tmp_path: Path, slo_ttft_s: float) -> TunerConfig:
     """The 70B FP8 at TP 8 on H200s, max_num_seqs the only knob, 64 users of 1024/1024."""
-    config = compose([
-        "study=llama70b_8xh200", "server.model=meta-llama/Meta-Llama-3.1-70B",
-        "plan.system=h200_sxm", "plan.backend_version=0.24.0", "study.prescreen=true",
-        "+server.args.quantization=fp8", "server.args.tensor_parallel_size=8",
-        "search_space=[batching]", "study.stages=[batching]",
-        "study.trials_per_stage=4", "workload.concurrency=64",
-        "workload.classes=[{prompt_tokens:{mean:1024},output_tokens:{mean:1024}}]",
-        "objectives.names=[output_throughput_per_gpu,output_throughput_per_user]",
-        "objectives.select_by=output_throughput_per_gpu", f"slo.p99_ttft_s={slo_ttft_s}",
-        "slo.p99_tpot_s=1", "slo.p99_e2e_s=1000", f"studies_dir={tmp_path}",
-    ])  # fmt: skip
+    config = compose(
+        [
+            "study=llama70b_8xh200",
+            "server.model=meta-llama/Meta-Llama-3.1-70B",
+            "plan.system=h200_sxm",
+            "plan.backend_version=0.24.0",
+            "study.prescreen=true",
+            "+server.args.quantization=fp8",
+            "server.args.tensor_parallel_size=8",
+            "search_space=[batching]",
+            "study.stages=[batching]",
+            "study.trials_per_stage=4",
+            "workload.concurrency=64",
+            "workload.classes=[{prompt_tokens:{mean:1024},output_tokens:{mean:1024}}]",
+            "objectives.names=[output_throughput_per_gpu,output_throughput_per_user]",
+            "objectives.select_by=output_throughput_per_gpu",
+            f"slo.p99_ttft_s={slo_ttft_s}",
+            "slo.p99_tpot_s=1",
+            "slo.p99_e2e_s=1000",
+            f"studies_dir={tmp_path}",
+        ]
+    )
     seqs = ParamSpec(type="categorical", choices=[4, 8, 16, 32, 64])
     config.search_space = {"batching": {"max_num_seqs": seqs}}
     return config
@@ -284,18 +322,31 @@ def test_trials_side_by_side_start_from_seeds_chosen_at_once(tmp_path: Path) -> 
     estimator queues all its seeds (2 of a 3-trial stage) at the stage's start, in one line."""
     from tests.unit.test_executor_parallel import VirtualExecutor, table_trial
 
-    config = _fp8_70b(tmp_path, "slo.p99_ttft_s=10", "slo.p99_tpot_s=1", "slo.p99_e2e_s=100",
-                      "quality.enabled=false", "study.repeats=0")  # fmt: skip
+    config = _fp8_70b(
+        tmp_path,
+        "slo.p99_ttft_s=10",
+        "slo.p99_tpot_s=1",
+        "slo.p99_e2e_s=100",
+        "quality.enabled=false",
+        "study.repeats=0",
+    )
     said: list[str] = []
     evaluator = Evaluator(config, "H200")
-    runner = StudyRunner(config, evaluator, {"t": 1}, said.append, trial_fn=table_trial,
-                         executor=VirtualExecutor(slots=4))  # fmt: skip
+    runner = StudyRunner(
+        config,
+        evaluator,
+        {"t": 1},
+        said.append,
+        trial_fn=table_trial,
+        executor=VirtualExecutor(slots=4),
+    )
     runner.prescreen = Prescreen(config, evaluator, said.append, None, Planner(config))
     runner.run()
     seeded = [line for line in said if "from the estimator" in line]
     assert len(seeded) == 1 and seeded[0].count("tensor_parallel_size") == 2, seeded
-    study = optuna.load_study(study_name=f"{config.name}:parallelism",
-                              storage=f"sqlite:///{runner.paths.storage_db}")  # fmt: skip
+    study = optuna.load_study(
+        study_name=f"{config.name}:parallelism", storage=f"sqlite:///{runner.paths.storage_db}"
+    )
     assert sum(bool(t.user_attrs.get(TrialAttr.SEEDED)) for t in study.trials) == 2
 
 

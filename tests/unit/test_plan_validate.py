@@ -11,8 +11,17 @@ from tuner.server.vllm import classify_failure, root_cause, without_usage
 from tuner.server.vllm_parser import ConfigProblem, ConfigRejection
 
 DATA = Path(__file__).resolve().parents[1] / "data"
-ARGV = ["--model", "/m", "--max-model-len", "2048", "--max-num-seqs", "-4",
-        "--max-num-batched-tokens", "1714", "--enforce-eager"]  # fmt: skip
+ARGV = [
+    "--model",
+    "/m",
+    "--max-model-len",
+    "2048",
+    "--max-num-seqs",
+    "-4",
+    "--max-num-batched-tokens",
+    "1714",
+    "--enforce-eager",
+]
 
 
 def test_flag_values_keep_negative_numbers_as_values() -> None:

@@ -63,11 +63,15 @@ def _row(seqs: Any, kv: str, rep: int, rate: float, p99: float, ok: bool = True)
 
 def test_ratios_are_paired_within_a_repeat_and_failures_are_listed(tmp_path: Path) -> None:
     rows = [
-        _row(16, "auto", 0, 100, 1.0), _row(16, "fp8", 0, 80, 1.5),   # 0.8, 1.5
-        _row(16, "auto", 1, 200, 2.0), _row(16, "fp8", 1, 180, 2.0),  # 0.9, 1.0: a slow drift
-        _row("", "auto", 0, 100, 1.0), _row("", "fp8", 0, 70, 1.2),   # vLLM's default batch
-        _row(64, "auto", 0, 100, 1.0), _row(64, "fp8", 0, 0, 0, ok=False),  # no pair
-    ]  # fmt: skip
+        _row(16, "auto", 0, 100, 1.0),
+        _row(16, "fp8", 0, 80, 1.5),  # 0.8, 1.5
+        _row(16, "auto", 1, 200, 2.0),
+        _row(16, "fp8", 1, 180, 2.0),  # 0.9, 1.0: a slow drift
+        _row("", "auto", 0, 100, 1.0),
+        _row("", "fp8", 0, 70, 1.2),  # vLLM's default batch
+        _row(64, "auto", 0, 100, 1.0),
+        _row(64, "fp8", 0, 0, 0, ok=False),  # no pair
+    ]
     path = tmp_path / "precision.csv"
     with path.open("w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=GRIDS["precision"].columns)

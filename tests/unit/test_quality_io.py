@@ -121,8 +121,10 @@ def test_request_body_is_greedy_fixed_length_with_token_ids() -> None:
 def test_parse_response_shapes() -> None:
     a, chat = item("a"), item("c", api="chat")
     row = QualityOutput("a", a.digest)
-    ok = {"choices": [{"text": " hi", "token_ids": [5, 6], "finish_reason": "length"}],
-          "usage": {"prompt_tokens": 4}}  # fmt: skip
+    ok = {
+        "choices": [{"text": " hi", "token_ids": [5, 6], "finish_reason": "length"}],
+        "usage": {"prompt_tokens": 4},
+    }
     parse_response(200, json.dumps(ok), a, row)
     assert (row.text, row.token_ids, row.prompt_tokens, row.ok) == (" hi", [5, 6], 4, True)
     row = QualityOutput("c", chat.digest)

@@ -109,8 +109,9 @@ def test_explain_prints_every_launch_and_each_stage_decision(
     assert sum(line.startswith("  baseline ") for line in lines) == 3  # baseline_measurements
     assert len([line for line in lines if " P99 " in line]) == len(trace.launches)
     assert [line.split(":")[0].strip() for line in lines if "stage " in line] == [
-        "stage first", "stage second",
-    ]  # fmt: skip
+        "stage first",
+        "stage second",
+    ]
 
 
 def test_the_stages_run_in_the_order_given(
@@ -122,8 +123,9 @@ def test_the_stages_run_in_the_order_given(
     replay.explain(land, replay.base_config(), reversed_groups, [strategy], 1, 2.6)
     lines = capsys.readouterr().out.splitlines()
     assert [line.split(":")[0].strip() for line in lines if "stage " in line] == [
-        "stage second", "stage first",
-    ]  # fmt: skip
+        "stage second",
+        "stage first",
+    ]
     assert replay.parse_args(["--stages", "runtime", "batching"]).stages == ["runtime", "batching"]
     assert replay.parse_args([]).stages == list(replay.GROUPS)  # the committed replays' order
 
@@ -154,8 +156,10 @@ def test_staged_strategies_are_built_for_each_sampler_budget_and_refinement(
     staged = {s.name: s for s in strategies if s.strategy == "staged"}
     assert set(staged) == {
         f"staged_{sampler}_{n}{suffix}"
-        for sampler in ("tpe", "gp") for n in (4, 8) for suffix in ("", "_refine_4")
-    }  # fmt: skip
+        for sampler in ("tpe", "gp")
+        for n in (4, 8)
+        for suffix in ("", "_refine_4")
+    }
     assert staged["staged_gp_8_refine_4"].sampler == "gp"
     assert staged["staged_gp_8_refine_4"].trials_per_stage == 8
     assert staged["staged_gp_8_refine_4"].refine_trials == 4
@@ -205,17 +209,34 @@ def test_acceptance_rules_puts_each_strategys_two_settings_side_by_side() -> Non
     from benchmarks.acceptance_rules import SETTINGS, pairs
 
     def run(name: str, seed: int, score: float, worse: int, config: str) -> dict[str, object]:
-        return {"strategy": name, "seed": seed, "final_score": score, "worse_switches": worse,
-                "final_config": config}  # fmt: skip
+        return {
+            "strategy": name,
+            "seed": seed,
+            "final_score": score,
+            "worse_switches": worse,
+            "final_config": config,
+        }
 
-    line = {"reached_97": "1/2", "final_feasible": "2/2", "median_final_score": 0.9,
-            "switched_worse": "0/2", "median_launches": 12.0}  # fmt: skip
+    line = {
+        "reached_97": "1/2",
+        "final_feasible": "2/2",
+        "median_final_score": 0.9,
+        "switched_worse": "0/2",
+        "median_launches": 12.0,
+    }
     result = {
-        "summary": [{**line, "strategy": "s"}, {**line, "strategy": "s_drop"},
-                    {**line, "strategy": "lone"}],
-        "runs": [run("s", 0, 1.0, 0, "a"), run("s", 1, 0.8, 0, "b"),
-                 run("s_drop", 0, 1.0, 0, "a"), run("s_drop", 1, 0.6, 2, "c")],
-    }  # fmt: skip
+        "summary": [
+            {**line, "strategy": "s"},
+            {**line, "strategy": "s_drop"},
+            {**line, "strategy": "lone"},
+        ],
+        "runs": [
+            run("s", 0, 1.0, 0, "a"),
+            run("s", 1, 0.8, 0, "b"),
+            run("s_drop", 0, 1.0, 0, "a"),
+            run("s_drop", 1, 0.6, 2, "c"),
+        ],
+    }
     (row,) = pairs(result, "here", SETTINGS["search_window"])  # "lone" has no counterpart
     assert row["strategy"] == "s" and row["seeds_differing"] == 1
     assert row["worse_switches"] == "0 \\| 2"

@@ -23,16 +23,33 @@ LUCKY = (4,)
 
 
 def _point(tok_s_per_gpu: float, tp: int, ttft_s: float) -> Measured:
-    return Measured(True, "", 1.0, 1.0, ttft_s, ttft_s, 0.01, 0.01, tok_s_per_gpu * tp,
-                    tok_s_per_gpu * tp / 100, 0.0, 100, 0)  # fmt: skip
+    return Measured(
+        True,
+        "",
+        1.0,
+        1.0,
+        ttft_s,
+        ttft_s,
+        0.01,
+        0.01,
+        tok_s_per_gpu * tp,
+        tok_s_per_gpu * tp / 100,
+        0.0,
+        100,
+        0,
+    )
 
 
 class LuckyOnce(GpuLandscape):
     """TP 4's first window reads under the SLO; every later one reads its truth."""
 
     def __init__(self, truths: dict[Key, Measured] | None = None, caps: bool = False) -> None:
-        truths = truths or {(1,): _point(130, 1, 3.0), (2,): _point(120, 2, 2.0),
-                            (4,): _point(160, 4, 1.05), (8,): _point(100, 8, 0.5)}  # fmt: skip
+        truths = truths or {
+            (1,): _point(130, 1, 3.0),
+            (2,): _point(120, 2, 2.0),
+            (4,): _point(160, 4, 1.05),
+            (8,): _point(100, 8, 0.5),
+        }
         params = [GPU_PARAM, "max_num_seqs"] if caps else [GPU_PARAM]
         defaults = {GPU_PARAM: 1, "max_num_seqs": 16} if caps else {GPU_PARAM: 1}
         super().__init__(params, truths, defaults)

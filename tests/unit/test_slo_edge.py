@@ -60,16 +60,23 @@ def test_the_spread_is_pooled_over_the_studys_other_repeated_configurations() ->
 def test_the_summary_names_an_edge_and_not_a_clear_margin() -> None:
     base = Incumbent({}, [0.9, 1000.0], {}, "baseline", [1000.0])
     windows = [{"slo_p99_tpot": -0.03}, {"slo_p99_tpot": 0.01}]
-    edge = Incumbent({"tp": 4}, [0.8, 1200.0], {"slo_p99_tpot": -0.01}, "batching trial 2",
-                     [1200.0, 1190.0], windows)  # fmt: skip
+    edge = Incumbent(
+        {"tp": 4},
+        [0.8, 1200.0],
+        {"slo_p99_tpot": -0.01},
+        "batching trial 2",
+        [1200.0, 1190.0],
+        windows,
+    )
     lines = outcome_lines("q", NAMES, 1, StudyResult(base, edge))
     assert lines[-1] == (
         f"  ON AN SLO'S EDGE: {Edge('slo_p99_tpot', 0.01, 0.02 * 2**0.5, 2, 1).line()}; more "
         "windows (study.repeats) tell it from a miss"
     )
     clear = [{"slo_p99_tpot": -0.30}, {"slo_p99_tpot": -0.32}]
-    far = Incumbent({"tp": 4}, [0.8, 1200.0], {"slo_p99_tpot": -0.31}, "batching trial 2",
-                    [1200.0], clear)  # fmt: skip
+    far = Incumbent(
+        {"tp": 4}, [0.8, 1200.0], {"slo_p99_tpot": -0.31}, "batching trial 2", [1200.0], clear
+    )
     assert not any("EDGE" in line for line in outcome_lines("q", NAMES, 1, StudyResult(base, far)))
 
 
@@ -80,11 +87,15 @@ def test_a_study_hands_over_the_windows_its_decision_was_judged_on(
     SLO. Its fresh windows alone judge its constraints (the search window is the draw that read
     best): met on their mean by 1.9 %, one of the two over. The hand-over carries those two
     windows, and the summary says the SLO is on its edge."""
-    run = Scripted(replay, tmp_path, {
-        None: [(1000, 3.0)] * 3,
-        16: [(800, 2.9)],
-        64: [(900, 2.3), (900, 2.7), (900, 2.4)],
-    })  # fmt: skip
+    run = Scripted(
+        replay,
+        tmp_path,
+        {
+            None: [(1000, 3.0)] * 3,
+            16: [(800, 2.9)],
+            64: [(900, 2.3), (900, 2.7), (900, 2.4)],
+        },
+    )
     final = run.result.final
     assert final.params == {"max_num_seqs": 64}
     p99 = [w["slo_p99_e2e"] for w in final.constraint_windows]

@@ -146,8 +146,11 @@ def test_repeated_points_are_reused_and_a_small_space_ends_early(
         reused = [t for t in search if "reused_from" in t.user_attrs]
         assert len(search) == len(launched) + len(reused)
         for t in reused:  # the stored measurement of the same point, told again
-            (src,) = [s for s in search + run.trials(stage, Role.INCUMBENT)
-                      if s.number == t.user_attrs["reused_from"]]  # fmt: skip
+            (src,) = [
+                s
+                for s in search + run.trials(stage, Role.INCUMBENT)
+                if s.number == t.user_attrs["reused_from"]
+            ]
             assert src.params == t.params and src.values == t.values
         assert f"stage {stage}: all 3 points of its space are measured" in run.said
 
@@ -178,10 +181,16 @@ class Scripted:
     launch order per configuration (None: the server failed); SLO P99 2.6 s, 2 repeats."""
 
     def __init__(
-        self, replay: ModuleType, folder: Path, script: dict[Any, list[Any]], baselines: int = 1,
-        space: dict[str, dict[str, ParamSpec]] | None = None, noise: str = "pooled",
-        stages: list[str] | None = None, count_search_window: bool = True,
-    ) -> None:  # fmt: skip
+        self,
+        replay: ModuleType,
+        folder: Path,
+        script: dict[Any, list[Any]],
+        baselines: int = 1,
+        space: dict[str, dict[str, ParamSpec]] | None = None,
+        noise: str = "pooled",
+        stages: list[str] | None = None,
+        count_search_window: bool = True,
+    ) -> None:
         self.replay, self.script = replay, {k: list(v) for k, v in script.items()}
         strategy = replay.StudyStrategy(
             "t",
@@ -217,9 +226,20 @@ class Scripted:
         ok = value is not None
         tok, p99 = value if ok else (0.0, None)
         measured = self.replay.Measured(
-            ok, "" if ok else "startup_crash", p99 and p99 / 2, p99, 0.1, 0.2, 0.01, 0.02,
-            tok, tok / 64, 0.0, 100, 0,
-        )  # fmt: skip
+            ok,
+            "" if ok else "startup_crash",
+            p99 and p99 / 2,
+            p99,
+            0.1,
+            0.2,
+            0.01,
+            0.02,
+            tok,
+            tok / 64,
+            0.0,
+            100,
+            0,
+        )
         return self.replay.outcome_of(measured, launch, trial_id)
 
 
@@ -229,11 +249,15 @@ def test_feasibility_is_judged_on_the_mean_of_the_repeats(
     """A candidate whose P99 straddles the SLO across its confirmation windows but meets it on
     average replaces a baseline that violates it (one window at 2.7 s no longer disqualifies
     it)."""
-    run = Scripted(replay, tmp_path, {
-        None: [(1000, 3.0)] * 3,
-        16: [(800, 2.9)],
-        64: [(900, 2.3), (900, 2.7), (900, 2.4)],
-    })  # fmt: skip
+    run = Scripted(
+        replay,
+        tmp_path,
+        {
+            None: [(1000, 3.0)] * 3,
+            16: [(800, 2.9)],
+            64: [(900, 2.3), (900, 2.7), (900, 2.4)],
+        },
+    )
     (decision,) = run.result.decisions
     assert decision.accepted, decision.line()
     assert decision.candidate_params == {"max_num_seqs": 64}
@@ -248,11 +272,17 @@ def test_the_winners_search_window_counts_only_when_asked(
     """The winner's search window was the best of the stage's draws: +7 %, where its two fresh
     windows say +2.6 %, under min_gain (3 %). Counted (the default), the lucky window lifts its
     mean past the threshold; left out, the winner is judged on the fresh ones and kept out."""
-    run = Scripted(replay, tmp_path, {
-        None: [(1000, 2.0), (1010, 2.0), (990, 2.0), (1000, 2.0), (1005, 2.0)],
-        16: [(950, 2.0)],
-        64: [(1070, 2.0), (1028, 2.0), (1026, 2.0)],
-    }, baselines=3, count_search_window=count)  # fmt: skip
+    run = Scripted(
+        replay,
+        tmp_path,
+        {
+            None: [(1000, 2.0), (1010, 2.0), (990, 2.0), (1000, 2.0), (1005, 2.0)],
+            16: [(950, 2.0)],
+            64: [(1070, 2.0), (1028, 2.0), (1026, 2.0)],
+        },
+        baselines=3,
+        count_search_window=count,
+    )
     (decision,) = run.result.decisions
     assert decision.candidate_params == {"max_num_seqs": 64}
     want = [1070, 1028, 1026] if count else [1028, 1026]
@@ -275,11 +305,18 @@ def test_a_later_stage_is_judged_with_the_noise_an_earlier_one_saw(
         "first": {"max_num_seqs": ParamSpec(type="categorical", choices=[64])},
         "second": {"max_num_batched_tokens": ParamSpec(type="categorical", choices=[512])},
     }
-    run = Scripted(replay, tmp_path, {
-        (None, None): [(1000, 2.0)] * 5,
-        (64, None): [(1100, 2.0), (800, 2.0), (1400, 2.0)],
-        (None, 512): [(1050, 2.0)] * 3,
-    }, space=space, noise=noise, stages=["first"])  # fmt: skip
+    run = Scripted(
+        replay,
+        tmp_path,
+        {
+            (None, None): [(1000, 2.0)] * 5,
+            (64, None): [(1100, 2.0), (800, 2.0), (1400, 2.0)],
+            (None, 512): [(1050, 2.0)] * 3,
+        },
+        space=space,
+        noise=noise,
+        stages=["first"],
+    )
     # The study is resumed with its second stage: stage 1's decision comes from the storage,
     # and with it what its repeats taught about the noise.
     run.config.study.stages = ["first", "second"]
@@ -297,11 +334,15 @@ def test_a_later_stage_is_judged_with_the_noise_an_earlier_one_saw(
 
 
 def test_a_failed_repeat_disqualifies_the_candidate(replay: ModuleType, tmp_path: Path) -> None:
-    run = Scripted(replay, tmp_path, {
-        None: [(1000, 3.0)] * 3,
-        16: [(800, 2.9)],
-        64: [(900, 2.0), None, (900, 2.0)],
-    })  # fmt: skip
+    run = Scripted(
+        replay,
+        tmp_path,
+        {
+            None: [(1000, 3.0)] * 3,
+            16: [(800, 2.9)],
+            64: [(900, 2.0), None, (900, 2.0)],
+        },
+    )
     (decision,) = run.result.decisions
     assert not decision.accepted and "repeat failed" in decision.reason
     assert run.result.final.params == {}
@@ -311,11 +352,15 @@ def test_the_incumbent_learns_from_its_repeats(replay: ModuleType, tmp_path: Pat
     """A baseline that missed the SLO in its one window but meets it on the mean of three is
     feasible: a slower candidate must then beat it on throughput, and the incumbent handed on
     carries the mean."""
-    run = Scripted(replay, tmp_path, {
-        None: [(1000, 2.7), (1010, 2.4), (990, 2.4)],
-        16: [(800, 2.9)],
-        64: [(900, 2.0)] * 3,
-    })  # fmt: skip
+    run = Scripted(
+        replay,
+        tmp_path,
+        {
+            None: [(1000, 2.7), (1010, 2.4), (990, 2.4)],
+            16: [(800, 2.9)],
+            64: [(900, 2.0)] * 3,
+        },
+    )
     (decision,) = run.result.decisions
     assert not decision.accepted and "noise" in decision.reason
     assert meets(run.result.final.constraints) and not meets(run.result.baseline.constraints)
@@ -326,11 +371,16 @@ def test_the_baseline_is_the_mean_of_its_measurements_and_is_reused(
 ) -> None:
     """Three measurements of the control: one lucky window (2.0 s) does not make it feasible,
     and a second run of the study measures it no more."""
-    run = Scripted(replay, tmp_path, {
-        None: [(1200, 2.0), (1000, 3.0), (1100, 3.1)] + [(1000, 3.0)] * 2,
-        16: [(800, 2.9)],
-        64: [(900, 2.3), (900, 2.4), (900, 2.5)],
-    }, baselines=3)  # fmt: skip
+    run = Scripted(
+        replay,
+        tmp_path,
+        {
+            None: [(1200, 2.0), (1000, 3.0), (1100, 3.1)] + [(1000, 3.0)] * 2,
+            16: [(800, 2.9)],
+            64: [(900, 2.3), (900, 2.4), (900, 2.5)],
+        },
+        baselines=3,
+    )
     baseline = run.result.baseline
     assert baseline.samples == [1200, 1000, 1100] and baseline.values[1] == pytest.approx(1100)
     assert not meets(baseline.constraints)  # mean P99 2.7 s > 2.6 s
@@ -345,11 +395,15 @@ def test_with_nothing_feasible_the_nearest_miss_is_re_measured(
 ) -> None:
     """Neither search trial met the SLO in its one window; the nearer miss (2.7 s against 2.6 s)
     is re-measured, meets it on the mean of three windows, and replaces the violating baseline."""
-    run = Scripted(replay, tmp_path, {
-        None: [(1000, 3.0)] * 3,
-        16: [(800, 2.9)],
-        64: [(900, 2.7), (900, 2.4), (900, 2.5)],
-    })  # fmt: skip
+    run = Scripted(
+        replay,
+        tmp_path,
+        {
+            None: [(1000, 3.0)] * 3,
+            16: [(800, 2.9)],
+            64: [(900, 2.7), (900, 2.4), (900, 2.5)],
+        },
+    )
     (decision,) = run.result.decisions
     assert decision.accepted and decision.candidate_params == {"max_num_seqs": 64}
     assert (
@@ -365,11 +419,15 @@ def test_a_study_that_reads_measurements_differently_does_not_reuse_the_baseline
     """A stored baseline's values are in the order and units of the objectives it was told
     with; a later study on the same host with other objectives re-measures it rather than
     read P99 seconds as tokens per second."""
-    run = Scripted(replay, tmp_path, {
-        None: [(1000, 2.0)] + [(1100, 2.1)] * 5,
-        16: [(800, 2.9)] * 6,
-        64: [(900, 2.3)] * 6,
-    })  # fmt: skip
+    run = Scripted(
+        replay,
+        tmp_path,
+        {
+            None: [(1000, 2.0)] + [(1100, 2.1)] * 5,
+            16: [(800, 2.9)] * 6,
+            64: [(900, 2.3)] * 6,
+        },
+    )
     first = run.result.baseline
     run.config.name = "other-objectives"
     run.config.objectives.names = ["output_throughput", "p99_e2e_latency"]
@@ -411,8 +469,13 @@ def test_the_summary_shows_a_kept_baseline_once_and_a_new_incumbent_as_a_change(
     assert lines[0] == "study q: baseline vs final incumbent (batching trial 3)"
     assert lines[2].split() == ["output_throughput", "1724", "->", "2000", "(+16.0%)"]
     assert not any("NOT FEASIBLE" in line for line in lines)
-    closer = Incumbent({"tp": 8}, [0.80, 900.0], {"slo_p99_ttft": 0.06, "slo_p99_tpot": -0.2},
-                       "parallelism trial 2", [900.0])  # fmt: skip
+    closer = Incumbent(
+        {"tp": 8},
+        [0.80, 900.0],
+        {"slo_p99_ttft": 0.06, "slo_p99_tpot": -0.2},
+        "parallelism trial 2",
+        [900.0],
+    )
     lines = outcome_lines("q", names, 1, StudyResult(base, closer))
     assert lines[-1] == (
         "  NOT FEASIBLE: it still misses slo_p99_ttft by 6.0% (on the mean of its windows)"
@@ -438,20 +501,26 @@ def test_the_baseline_line_says_where_its_noise_comes_from(
 ) -> None:
     """Each window's slices reach the baseline's line through the stored attrs: baseline
     windows 20 % apart whose own slices agree within 1 % are launches that differ."""
-    run = SlicedScripted(replay, tmp_path, {
-        None: [(1000, 2.0), (1200, 2.0), (1100, 2.0)],
-        16: [(800, 2.0)],
-        64: [(900, 2.0)],
-    }, baselines=2)  # fmt: skip
+    run = SlicedScripted(
+        replay,
+        tmp_path,
+        {
+            None: [(1000, 2.0), (1200, 2.0), (1100, 2.0)],
+            16: [(800, 2.0)],
+            64: [(900, 2.0)],
+        },
+        baselines=2,
+    )
     (line,) = [s for s in run.said if s.startswith("baseline output_throughput: ")]
     assert "4 slices of a window 1% apart" in line, line
     assert "launches differ, so for smaller gains raise study.baseline_measurements" in line
     study = optuna.load_study(
         study_name=next(
-            s.study_name for s in optuna.get_all_study_summaries(run.config.study.storage)
+            s.study_name
+            for s in optuna.get_all_study_summaries(run.config.study.storage)
             if s.study_name.startswith("baseline:")
         ),
         storage=run.config.study.storage,
-    )  # fmt: skip
+    )
     slices = [t.user_attrs["window_slices"] for t in study.trials]
     assert slices[0] == pytest.approx([990, 1010, 990, 1010])

@@ -95,8 +95,7 @@ def test_a_side_the_user_left_unpinned_stays_so() -> None:
 def test_a_cpu_servers_ranks_bind_to_the_servers_cores_only(tmp_path: Path) -> None:
     config = TunerConfig()
     config.server.device, config.workload.processes = "cpu", 1
-    launch = LaunchSpec(args={"tensor_parallel_size": 2},
-                        env={"VLLM_CPU_OMP_THREADS_BIND": "0|1"})  # fmt: skip
+    launch = LaunchSpec(args={"tensor_parallel_size": 2}, env={"VLLM_CPU_OMP_THREADS_BIND": "0|1"})
     demand = demand_of(config, launch)
     assert demand == Demand(0, 3)  # a core per rank and one for Locust
     ledger = CoreLedger(tmp_path / "node.json", cores=[10, 11, 12], slots=3)

@@ -113,8 +113,10 @@ def capacity_command(request: CapacityRequest, progress: Progress) -> int:
     with ServedConfig(config, launch, folder) as served:
         search = CapacitySearch(
             lambda rate, phase: served.measure(rate, phase, request.window_s),
-            start, request.max_steps, progress=progress,
-        )  # fmt: skip
+            start,
+            request.max_steps,
+            progress=progress,
+        )
         found = search.run()
         cpus = served.server_cpus
     record = _record(review, choice, config, found, {**config.server.args, **launch.args})

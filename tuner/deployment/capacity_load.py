@@ -108,7 +108,10 @@ def measure_rate(
     """One open-loop Locust run at ``workload.rate`` against ``target``, judged by ``slo``."""
     result = LocustLoadGenerator(cpus=client_cpus).run(target, workload, out)
     m = measure(
-        read_records(result.records_path), result.window_start, result.window_end, slo,
+        read_records(result.records_path),
+        result.window_start,
+        result.window_end,
+        slo,
         timeout_s=workload.request_timeout_s,
-    )  # fmt: skip
+    )
     return verdict(m, slo, workload.rate, phase)

@@ -21,17 +21,24 @@ def write_goodput_png(record: CapacityRecord, path: Path) -> None:
     fig, ax = plt.subplots(figsize=(7, 4.5))
     top = max(offered, default=1.0)
     ax.plot([0, top], [0, top], color="0.8", lw=1, label="offered = served")
-    ax.plot(offered, [s.throughput_rps for s in steps], "o-", color="0.5", ms=4,
-            label="completed")  # fmt: skip
+    ax.plot(offered, [s.throughput_rps for s in steps], "o-", color="0.5", ms=4, label="completed")
     ax.plot(offered, [s.goodput_rps for s in steps], "o-", color="tab:blue", label="goodput")
     misses = [s for s in steps if not s.meets]
-    ax.scatter([s.offered_rps for s in misses], [s.goodput_rps for s in misses], marker="x",
-               color="tab:red", zorder=3, s=50, label="misses an SLO")  # fmt: skip
+    ax.scatter(
+        [s.offered_rps for s in misses],
+        [s.goodput_rps for s in misses],
+        marker="x",
+        color="tab:red",
+        zorder=3,
+        s=50,
+        label="misses an SLO",
+    )
     if record.max_rps > 0:
         upper = record.upper_rps if math.isfinite(record.upper_rps) else record.max_rps
         ax.axvspan(record.max_rps, upper, color="tab:green", alpha=0.15)
-        ax.axvline(record.max_rps, color="tab:green", lw=1.5,
-                   label=f"capacity {record.max_rps:.3g} req/s")  # fmt: skip
+        ax.axvline(
+            record.max_rps, color="tab:green", lw=1.5, label=f"capacity {record.max_rps:.3g} req/s"
+        )
     ax.set_xlabel("offered rate (req/s, open loop)")
     ax.set_ylabel("req/s")
     ax.set_title(f"{record.study}: {record.choice}", fontsize=9)

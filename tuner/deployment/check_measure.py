@@ -124,9 +124,12 @@ def measure_window(
     result = LocustLoadGenerator(cpus=client_cpus).run(target, workload, out_dir)
     records = list(read_records(result.records_path))
     return measure(
-        records, result.window_start, result.window_end, slo,
+        records,
+        result.window_start,
+        result.window_end,
+        slo,
         timeout_s=workload.request_timeout_s,
-    )  # fmt: skip
+    )
 
 
 @dataclass

@@ -114,10 +114,13 @@ def read_reference(path: Path) -> Reference:
     slo: SloConfig = _typed(SloConfig, data.get("slo") or {}, "evidence slo")
     cost: CostConfig = _typed(CostConfig, check.get("cost") or {}, "evidence cost")
     context = ObjectiveContext(
-        cost=cost, slo=slo, device=str(check.get("device") or "cpu"),
-        cpus=int(check.get("cpus") or 0), gpus_used=int(check.get("gpus") or 0),
+        cost=cost,
+        slo=slo,
+        device=str(check.get("device") or "cpu"),
+        cpus=int(check.get("cpus") or 0),
+        gpus_used=int(check.get("gpus") or 0),
         gpu_model=str(check.get("gpu_model") or ""),
-    )  # fmt: skip
+    )
     objectives = {str(k): str(v) for k, v in (check.get("objectives") or {}).items()}
     if not objectives:
         raise ConfigError(f"--evidence {path} names no objective")

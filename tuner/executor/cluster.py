@@ -49,8 +49,9 @@ class RayCluster:
 
     def largest(self) -> Demand:
         nodes = self.nodes()
-        return Demand(max((n.gpus for n in nodes), default=0),
-                      max((n.cpus for n in nodes), default=0))  # fmt: skip
+        return Demand(
+            max((n.gpus for n in nodes), default=0), max((n.cpus for n in nodes), default=0)
+        )
 
     def total(self) -> Demand:
         nodes = self.nodes()

@@ -205,8 +205,10 @@ class RayExecutor:
 
 def _check_placement(config: TunerConfig) -> None:
     """Explicit CPU lists name one host's cores; on Ray each trial gets its node's."""
-    for side, value in (("server", config.placement.server_cpus),
-                        ("client", config.placement.client_cpus)):  # fmt: skip
+    for side, value in (
+        ("server", config.placement.server_cpus),
+        ("client", config.placement.client_cpus),
+    ):
         if value not in ("auto", "all"):
             raise ConfigError(
                 f"placement.{side}_cpus={value!r} names cores of one host; with "

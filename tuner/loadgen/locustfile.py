@@ -227,8 +227,9 @@ def send_one(
 ) -> RequestRecord:
     """Send one planned request, stream the answer, write its record."""
     state = _state()
-    prepared = prepare(user.client, entry, SPEC["model"], SPEC["base_url"],
-                       os.environ.get("TUNER_LOADGEN_API_KEY"))  # fmt: skip
+    prepared = prepare(
+        user.client, entry, SPEC["model"], SPEC["base_url"], os.environ.get("TUNER_LOADGEN_API_KEY")
+    )
     rec = state.open_record(entry, phase, sched, getattr(user, "user_id", ""))
     try:
         t_send = _exchange(user.client, prepared, rec, entry["api"] == "chat")

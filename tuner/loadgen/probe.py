@@ -246,9 +246,14 @@ class ProbeRun:
 def probe_workload(users: int, tokens: int, window_s: float) -> WorkloadConfig:
     cls = RequestClass(name="probe", output_tokens=LengthDist(mean=tokens))
     return WorkloadConfig(
-        classes=[cls], concurrency=users, warmup_s=1.0, window_s=window_s,
-        request_timeout_s=30.0, drain_timeout_s=5.0, processes=1,
-    )  # fmt: skip
+        classes=[cls],
+        concurrency=users,
+        warmup_s=1.0,
+        window_s=window_s,
+        request_timeout_s=30.0,
+        drain_timeout_s=5.0,
+        processes=1,
+    )
 
 
 def run_probe(

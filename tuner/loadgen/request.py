@@ -37,9 +37,12 @@ def body(entry: dict[str, Any], model: str) -> dict[str, Any]:
 
 
 def prepare(
-    session: requests.Session, entry: dict[str, Any], model: str, base_url: str,
+    session: requests.Session,
+    entry: dict[str, Any],
+    model: str,
+    base_url: str,
     api_key: str | None,
-) -> requests.PreparedRequest:  # fmt: skip
+) -> requests.PreparedRequest:
     """The HTTP request for a plan entry. Built before the clock starts: client work, not
     latency. (requests' own prepare: HttpSession's override needs state its request() sets.)"""
     path = "/v1/chat/completions" if entry["api"] == "chat" else "/v1/completions"

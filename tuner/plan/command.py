@@ -75,8 +75,9 @@ class Planner:
         out as not modelled. A point's ``params`` are its own, without ``base``."""
         kept, ignored = plan_space.modelled(specs)
         cfg = self.config.plan
-        grid, total = plan_space.grid(kept, cfg.values_per_range, cfg.max_points,
-                                      self.config.study.seed)  # fmt: skip
+        grid, total = plan_space.grid(
+            kept, cfg.values_per_range, cfg.max_points, self.config.study.seed
+        )
         planned = [self.planned({**(base or {}), **p}) for p in grid]
         pairs = zip(grid, planned, strict=True)
         points = [PlannedPoint(p, e.estimate, e.price_per_hour) for p, e in pairs]

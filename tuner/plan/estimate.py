@@ -143,9 +143,14 @@ class Estimator:
         if key not in self._models:
             moe_tp, moe_ep = point.moe_split
             config = build_model_config(
-                point.tp, point.pp, 1, moe_tp, moe_ep,
-                gemm_quant_mode=point.gemm, kvcache_quant_mode=point.kv,
-            )  # fmt: skip
+                point.tp,
+                point.pp,
+                1,
+                moe_tp,
+                moe_ep,
+                gemm_quant_mode=point.gemm,
+                kvcache_quant_mode=point.kv,
+            )
             self._models[key] = (get_model(self.model, config, BACKEND), get_backend(BACKEND))
         return self._models[key]
 

@@ -71,8 +71,11 @@ class Anchor:
     def covers(self, slo: SloConfig) -> bool:
         """Every latency with an SLO is scaled by a measurement. An estimated mean TTFT is
         often half a measured P99: unanchored, it says points meet an SLO that none does."""
-        pairs = ((slo.p99_ttft_s, self.ttft), (slo.p99_tpot_s, self.tpot),
-                 (slo.p99_e2e_s, self.e2e))  # fmt: skip
+        pairs = (
+            (slo.p99_ttft_s, self.ttft),
+            (slo.p99_tpot_s, self.tpot),
+            (slo.p99_e2e_s, self.e2e),
+        )
         return all(scale.measured > 0 for limit, scale in pairs if limit > 0)
 
 
@@ -106,9 +109,11 @@ class PlannedPoint:
         if not e.starts or math.isnan(e.ttft_ms):
             return math.inf
         batch = e.point.batch
-        limits = ((slo.p99_ttft_s, e.ttft_ms * anchor.ttft(batch)),
-                  (slo.p99_tpot_s, e.tpot_ms * anchor.tpot(batch)),
-                  (slo.p99_e2e_s, e.e2e_ms * anchor.e2e(batch)))  # fmt: skip
+        limits = (
+            (slo.p99_ttft_s, e.ttft_ms * anchor.ttft(batch)),
+            (slo.p99_tpot_s, e.tpot_ms * anchor.tpot(batch)),
+            (slo.p99_e2e_s, e.e2e_ms * anchor.e2e(batch)),
+        )
         return sum(max(0.0, value / 1000 / limit - 1) for limit, value in limits if limit > 0)
 
 
@@ -171,8 +176,17 @@ SHORT = {
 def text(table: pd.DataFrame, params: Sequence[str]) -> str:
     """The terminal view: the best rows that start, and the ones that do not, grouped."""
     starts = table[table["fits"] != Fit.NO.value]
-    cols = [*params, "batch", "fits", "ttft_ms", "tpot_ms", "tok_s_gpu", "req_s",
-            "usd_per_mtok", "meets_slo"]  # fmt: skip
+    cols = [
+        *params,
+        "batch",
+        "fits",
+        "ttft_ms",
+        "tpot_ms",
+        "tok_s_gpu",
+        "req_s",
+        "usd_per_mtok",
+        "meets_slo",
+    ]
     shown = starts.head(SHOWN_ROWS)[cols].map(_fmt).rename(columns=SHORT)
     lines = [shown.to_string(index=False)] if len(shown) else ["(no point would start)"]
     if len(starts) > SHOWN_ROWS:
@@ -185,8 +199,11 @@ def _not_fitting(rows: pd.DataFrame, params: Sequence[str]) -> list[str]:
     """One line per group of points that cannot start, by the params that decide memory."""
     if rows.empty:
         return []
-    memory = [p for p in params if p in ("tensor_parallel_size", "pipeline_parallel_size",
-                                         "quantization", "kv_cache_dtype")]  # fmt: skip
+    memory = [
+        p
+        for p in params
+        if p in ("tensor_parallel_size", "pipeline_parallel_size", "quantization", "kv_cache_dtype")
+    ]
     lines = ["does not fit (vLLM would not start):"]
     groups = rows.groupby(memory, dropna=False, sort=True) if memory else [((), rows)]
     for values, group in groups:
@@ -217,8 +234,13 @@ def write_png(table: pd.DataFrame, path: Path, title: str) -> None:
         full = group[group["fits"] == Fit.YES.value]
         limited = group[group["fits"] == Fit.KV.value]
         dot = ax.scatter(full["tpot_ms"], full["tok_s_gpu"], s=22, label=f"{gpus} GPU(s)")
-        ax.scatter(limited["tpot_ms"], limited["tok_s_gpu"], s=22, facecolors="none",
-                   edgecolors=dot.get_facecolor())  # fmt: skip
+        ax.scatter(
+            limited["tpot_ms"],
+            limited["tok_s_gpu"],
+            s=22,
+            facecolors="none",
+            edgecolors=dot.get_facecolor(),
+        )
     ax.set_xlabel("estimated TPOT (ms)")
     ax.set_ylabel("estimated output tokens/s per GPU")
     ax.set_title(title, fontsize=10)

@@ -305,8 +305,16 @@ def _decisions(ax: plt.Axes, data: ImprovementData, x: np.ndarray) -> None:
             ax.bar(xi, 2 * noise, 0.6, bottom=-noise, color=NOISE_GREY, label=label)
         _decision_mark(ax, xi, col, seen)
         mark = f"{col.improvement_pct:+.1f}%" if col.accepted else "no change"
-        ax.annotate(mark, (xi, 0), ha="center", va="top", xytext=(0, -4),
-                    textcoords="offset points", fontsize=8, color="#333")  # fmt: skip
+        ax.annotate(
+            mark,
+            (xi, 0),
+            ha="center",
+            va="top",
+            xytext=(0, -4),
+            textcoords="offset points",
+            fontsize=8,
+            color="#333",
+        )
     what = data.decided_by or "the selection objective"
     ax.set_title(f"Decision on {what}\n(means of the confirmation rounds)", fontsize=10)
 
@@ -320,8 +328,16 @@ def _search_windows(ax: plt.Axes, data: ImprovementData, x: np.ndarray) -> None:
         gains = [c.search_gain_pct.get(name, math.nan) for c in data.stages]
         offset = (i - (len(data.objectives) - 1) / 2) * width
         marker = MARKERS[i % len(MARKERS)]
-        ax.plot(x + offset, gains, marker, mfc="none", mec=UNCONFIRMED_GREY, ms=8, ls="none",
-                label=f"{name}: {UNCONFIRMED}")  # fmt: skip
+        ax.plot(
+            x + offset,
+            gains,
+            marker,
+            mfc="none",
+            mec=UNCONFIRMED_GREY,
+            ms=8,
+            ls="none",
+            label=f"{name}: {UNCONFIRMED}",
+        )
     ax.set_title(
         "Each stage winner's search window\nvs the baseline mean (not confirmed)", fontsize=10
     )

@@ -284,8 +284,16 @@ def build_report(review: Review, figures: bool = True) -> Report:
     stages = stages_frame(outcomes, review.objectives)
     imps = importances(review)
     failures = failures_frame(trials)
-    report = Report(review, trials, baseline_frame(review), outcomes, stages, failures, imps,
-                    estimate_check(review))  # fmt: skip
+    report = Report(
+        review,
+        trials,
+        baseline_frame(review),
+        outcomes,
+        stages,
+        failures,
+        imps,
+        estimate_check(review),
+    )
     if figures:
         report.data = figure_data(report)
         report.figures = plots.render(report.data)

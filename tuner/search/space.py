@@ -352,9 +352,12 @@ _UNKNOWN = object()
 
 
 def _effective(
-    param: str, spec: ParamSpec, params: Mapping[str, Any], fixed: ServerConfig,
+    param: str,
+    spec: ParamSpec,
+    params: Mapping[str, Any],
+    fixed: ServerConfig,
     defaults: Mapping[str, Any],
-) -> Any:  # fmt: skip
+) -> Any:
     if param in params:
         return params[param]
     where: Mapping[str, Any] = fixed.env if spec.target == "env" else fixed.args
@@ -367,9 +370,11 @@ def _effective(
 
 
 def resolve(
-    params: Mapping[str, Any], specs: Mapping[str, SpecLike], fixed: ServerConfig,
+    params: Mapping[str, Any],
+    specs: Mapping[str, SpecLike],
+    fixed: ServerConfig,
     defaults: Mapping[str, Any] | None = None,
-) -> dict[str, Any] | None:  # fmt: skip
+) -> dict[str, Any] | None:
     """Every parameter of ``specs`` as a server launched with ``params`` runs it, or None.
 
     A value comes from ``params``, else from the fixed ``fixed.args``/``fixed.env`` (a

@@ -141,9 +141,10 @@ def serve(channel: Any) -> int:
             continue
         request = json.loads(line)
         error, values = checker.check(
-            list(request.get("argv", [])), dict(request.get("env") or {}),
+            list(request.get("argv", [])),
+            dict(request.get("env") or {}),
             [str(n) for n in request.get("resolve") or ()],
-        )  # fmt: skip
+        )
         _answer(channel, {"id": request.get("id"), "error": error, "values": values})
     return 0
 

@@ -350,8 +350,12 @@ class ConfigWorker:
                 self.start()
             assert self._proc is not None and self._proc.stdin is not None
             self._next_id += 1
-            request = {"id": self._next_id, "argv": list(argv), "env": dict(env),
-                       "resolve": list(names)}  # fmt: skip
+            request = {
+                "id": self._next_id,
+                "argv": list(argv),
+                "env": dict(env),
+                "resolve": list(names),
+            }
             try:
                 self._proc.stdin.write((json.dumps(request) + "\n").encode())
                 self._proc.stdin.flush()

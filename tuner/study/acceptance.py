@@ -221,9 +221,16 @@ def decide(c: Comparison) -> Decision:
     threshold = max(noise, c.min_gain * abs(inc_mean))
     accepted, reason = _verdict(c, gain, threshold)
     return replace(
-        head, accepted=accepted, reason=reason, incumbent_mean=inc_mean,
-        candidate_mean=cand_mean, gain=gain, noise=noise, noise_df=df, threshold=threshold,
-    )  # fmt: skip
+        head,
+        accepted=accepted,
+        reason=reason,
+        incumbent_mean=inc_mean,
+        candidate_mean=cand_mean,
+        gain=gain,
+        noise=noise,
+        noise_df=df,
+        threshold=threshold,
+    )
 
 
 def _verdict(c: Comparison, gain: float, threshold: float) -> tuple[bool, str]:
@@ -249,9 +256,12 @@ def _misses_by_less(c: Comparison) -> bool:
 
 
 def resolvable_gain(
-    samples: Sequence[float], repeats: int, min_gain: float, pooled: bool = True,
+    samples: Sequence[float],
+    repeats: int,
+    min_gain: float,
+    pooled: bool = True,
     candidate_windows: int | None = None,
-) -> float | None:  # fmt: skip
+) -> float | None:
     """The smallest relative gain a stage can accept over an incumbent measured as ``samples``.
 
     The rule's threshold, relative to the incumbent's mean, when the candidate is as noisy as
@@ -276,9 +286,14 @@ def resolvable_gain(
 
 
 def resolution_line(
-    objective: str, samples: Sequence[float], repeats: int, min_gain: float, pooled: bool = True,
-    candidate_windows: int | None = None, slices: Sequence[Sequence[float]] = (),
-) -> str:  # fmt: skip
+    objective: str,
+    samples: Sequence[float],
+    repeats: int,
+    min_gain: float,
+    pooled: bool = True,
+    candidate_windows: int | None = None,
+    slices: Sequence[Sequence[float]] = (),
+) -> str:
     """What the baseline's spread means for the study, said once before the stages start;
     with each window's token rate in slices (``Measurements.window_slices``), also which
     setting would narrow it (:func:`noise_advice`)."""

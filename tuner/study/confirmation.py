@@ -74,9 +74,12 @@ class Confirmation:
         return self.noise.estimate() if self.config.study.pools_noise else None
 
     def decide(
-        self, study: optuna.Study, stage: Stage, incumbent: Incumbent,
+        self,
+        study: optuna.Study,
+        stage: Stage,
+        incumbent: Incumbent,
         base: dict[str, Any] | None = None,
-    ) -> Decision:  # fmt: skip
+    ) -> Decision:
         """Re-measure winner and incumbent interleaved; accept only beyond the noise. The
         stage searched around ``base`` (a lead's params; default the incumbent's)."""
         idx, sign = self.evaluator.select_index, self.evaluator.select_sign
@@ -97,14 +100,22 @@ class Confirmation:
         other, _ = self._confirm(stage, incumbent, base, second, inc)
         if not other.accepted:
             return decision
-        return replace(other, passed_over_trial=winner.number,
-                       passed_over_constraints=decision.candidate_constraints)  # fmt: skip
+        return replace(
+            other,
+            passed_over_trial=winner.number,
+            passed_over_constraints=decision.candidate_constraints,
+        )
 
     def _runner_up(
-        self, study: optuna.Study, trials: list[optuna.trial.FrozenTrial], stage: Stage,
-        incumbent: Incumbent, winner: optuna.trial.FrozenTrial, decision: Decision,
+        self,
+        study: optuna.Study,
+        trials: list[optuna.trial.FrozenTrial],
+        stage: Stage,
+        incumbent: Incumbent,
+        winner: optuna.trial.FrozenTrial,
+        decision: Decision,
         base: dict[str, Any] | None = None,
-    ) -> optuna.trial.FrozenTrial | None:  # fmt: skip
+    ) -> optuna.trial.FrozenTrial | None:
         """The stage's next best trial whose window met the constraints, when the winner's
         repeats did not and what is left of the stage's budget pays for its repeats: a winner
         whose window read just under an SLO must not shadow a trial that meets it with room
@@ -121,17 +132,22 @@ class Confirmation:
             return None
         idx, sign = self.evaluator.select_index, self.evaluator.select_sign
         others = [
-            t for t in trials
+            t
+            for t in trials
             if t.params != winner.params and measured_ok(t) and meets(t.constraints)
-        ]  # fmt: skip
+        ]
         if meets(incumbent.constraints):
             others = [t for t in others if sign * t.values[idx] > sign * incumbent.values[idx]]
         return max(others, key=lambda t: sign * t.values[idx]) if others else None
 
     def _confirm(
-        self, stage: Stage, incumbent: Incumbent, base: dict[str, Any] | None,
-        winner: optuna.trial.FrozenTrial, against: Repeats | None = None,
-    ) -> tuple[Decision, Repeats]:  # fmt: skip
+        self,
+        stage: Stage,
+        incumbent: Incumbent,
+        base: dict[str, Any] | None,
+        winner: optuna.trial.FrozenTrial,
+        against: Repeats | None = None,
+    ) -> tuple[Decision, Repeats]:
         """``winner`` re-measured and compared with the incumbent: interleaved with the
         incumbent's repeats, or against those of an earlier confirmation (``against``)."""
         idx = self.evaluator.select_index
@@ -150,10 +166,18 @@ class Confirmation:
             judged = fresh
         inc_c, cand_c = mean_constraints(inc.constraints), mean_constraints(judged)
         comparison = Comparison(
-            stage.name, obj, self.evaluator.directions[idx], inc.values, cand.values,
-            meets(cand_c), min_gain, meets(inc_c), self.pooled(), violation(inc_c),
+            stage.name,
+            obj,
+            self.evaluator.directions[idx],
+            inc.values,
+            cand.values,
+            meets(cand_c),
+            min_gain,
+            meets(inc_c),
+            self.pooled(),
+            violation(inc_c),
             violation(cand_c),
-        )  # fmt: skip
+        )
         decision = replace(
             decide(comparison),
             candidate_trial=winner.number,
@@ -216,9 +240,13 @@ class Confirmation:
         return inc, cand
 
     def _round(
-        self, confirm: optuna.Study, stage: str, tag_of: str, rnd: int,
+        self,
+        confirm: optuna.Study,
+        stage: str,
+        tag_of: str,
+        rnd: int,
         sides: list[tuple[str, dict[str, Any]]],
-    ) -> list[Evaluated]:  # fmt: skip
+    ) -> list[Evaluated]:
         """Both sides of one round, in order: a side measured before an interrupt is read back;
         the others are measured, side by side when the executor has two slots (on disjoint
         devices, at the same time: the same conditions for both)."""

@@ -101,9 +101,11 @@ class Flights:
         prefix = f"[{want.label} #{trial.number}]"
         # The client's processes carry the trial's expected token events (the plan's estimate)
         config = client_capacity.for_job(
-            self.config, {**self.config.server.args, **launch.args}, trial.user_attrs,
+            self.config,
+            {**self.config.server.args, **launch.args},
+            trial.user_attrs,
             lambda line: self.say(f"{prefix} {line}"),
-        )  # fmt: skip
+        )
         job = TrialJob(
             key=f"{trial.study.study_name}#{trial.number}",
             trial_id=name,
@@ -142,8 +144,13 @@ class Flights:
             self.say(f"{flight.prefix} {what}: trial marked failed; run the same command to resume")
         self.active.clear()
 
-    def measure(self, wants: list[Want], land: Land, tell: Tell,
-                stop: Callable[[Evaluated], bool] | None = None) -> list[Evaluated]:  # fmt: skip
+    def measure(
+        self,
+        wants: list[Want],
+        land: Land,
+        tell: Tell,
+        stop: Callable[[Evaluated], bool] | None = None,
+    ) -> list[Evaluated]:
         """Measure every want, ``executor.slots`` at a time, and tell each as it lands; a lost
         one is asked again. ``stop``: no new trial starts once a landed one meets it."""
         results: dict[int, Evaluated] = {}

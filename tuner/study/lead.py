@@ -53,10 +53,12 @@ def find_lead(
     if not meets(incumbent.constraints):
         return None  # the acceptance rule already steps toward feasibility from there
     near = [
-        t for t in trials
-        if measured_ok(t) and not meets(judged(t, repeated))
+        t
+        for t in trials
+        if measured_ok(t)
+        and not meets(judged(t, repeated))
         and violation(judged(t, repeated)) <= LEAD_MAX_OVERSHOOT
-    ]  # fmt: skip
+    ]
     if not near:
         return None
     best = max(near, key=lambda t: select_sign * t.values[select_index])
@@ -73,8 +75,13 @@ def judged(
     return dict((repeated or {}).get(trial.number, trial.constraints))
 
 
-def lead_incumbent(trial: optuna.trial.FrozenTrial, incumbent: Incumbent, stage: str,
-                   select_index: int, constraints: dict[str, float]) -> Incumbent:  # fmt: skip
+def lead_incumbent(
+    trial: optuna.trial.FrozenTrial,
+    incumbent: Incumbent,
+    stage: str,
+    select_index: int,
+    constraints: dict[str, float],
+) -> Incumbent:
     """The lead as the point the next stage starts from (its one window as its measurement)."""
     return Incumbent(
         {**incumbent.params, **trial.params},
@@ -85,8 +92,14 @@ def lead_incumbent(trial: optuna.trial.FrozenTrial, incumbent: Incumbent, stage:
     )
 
 
-def lead_line(stage: str, trial: optuna.trial.FrozenTrial, incumbent: Incumbent,
-              select_index: int, objective: str, constraints: dict[str, float]) -> str:  # fmt: skip
+def lead_line(
+    stage: str,
+    trial: optuna.trial.FrozenTrial,
+    incumbent: Incumbent,
+    select_index: int,
+    objective: str,
+    constraints: dict[str, float],
+) -> str:
     gain = trial.values[select_index] / incumbent.values[select_index] - 1
     return (
         f"stage {stage}: trial {trial.number} {trial.params} missed the SLOs by "
@@ -96,9 +109,13 @@ def lead_line(stage: str, trial: optuna.trial.FrozenTrial, incumbent: Incumbent,
 
 
 def next_lead(
-    trials: Sequence[optuna.trial.FrozenTrial], incumbent: Incumbent, decision: Decision,
-    select: tuple[int, float], min_gain: float, pooled: NoiseEstimate | None,
-) -> tuple[Incumbent, str] | None:  # fmt: skip
+    trials: Sequence[optuna.trial.FrozenTrial],
+    incumbent: Incumbent,
+    decision: Decision,
+    select: tuple[int, float],
+    min_gain: float,
+    pooled: NoiseEstimate | None,
+) -> tuple[Incumbent, str] | None:
     """After a stage's ``decision``: the lead its search ``trials`` give the next stages, with
     the line that says so (a winner not handed over is judged by its repeats), or None.
     ``select``: the selection objective's index and sign."""

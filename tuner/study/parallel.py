@@ -43,11 +43,13 @@ class StageHost(Protocol):
     @property
     def reuses(self) -> bool: ...
 
-    def _measured(self, study: optuna.Study, point: dict[str, Any],
-                  params: dict[str, Any]) -> optuna.trial.FrozenTrial | None: ...  # fmt: skip
+    def _measured(
+        self, study: optuna.Study, point: dict[str, Any], params: dict[str, Any]
+    ) -> optuna.trial.FrozenTrial | None: ...
 
-    def _reuse(self, study: optuna.Study, trial: optuna.Trial,
-               seen: optuna.trial.FrozenTrial, stage: Stage) -> None: ...  # fmt: skip
+    def _reuse(
+        self, study: optuna.Study, trial: optuna.Trial, seen: optuna.trial.FrozenTrial, stage: Stage
+    ) -> None: ...
 
     def _stage_exhausted(self, study: optuna.Study, stage: Stage) -> bool: ...
 
@@ -72,8 +74,9 @@ class _Proposal:
 class ParallelStage:
     """One stage's search loop over an executor with several slots; see the module docstring."""
 
-    def __init__(self, host: StageHost, study: optuna.Study, stage: Stage,
-                 incumbent: Incumbent) -> None:  # fmt: skip
+    def __init__(
+        self, host: StageHost, study: optuna.Study, stage: Stage, incumbent: Incumbent
+    ) -> None:
         self.host, self.study, self.stage, self.incumbent = host, study, stage, incumbent
         self.flights = host.flights
         self.ready: list[_Proposal] = []  # asked, waiting for room on the executor
@@ -204,8 +207,10 @@ class ParallelStage:
         demand = demand_of(self.flights.config, launch)
         outcome = TrialOutcome(f"{self.stage.name}-{trial.number}", TrialStatus.FAILED, [], launch)
         largest = self.flights.executor.largest_node().text()
-        outcome.fail(REASON_EXECUTOR_LOST, f"needs {demand.text()} on one node; the largest "
-                     f"node left has {largest}")  # fmt: skip
+        outcome.fail(
+            REASON_EXECUTOR_LOST,
+            f"needs {demand.text()} on one node; the largest node left has {largest}",
+        )
         result = TrialResult("", outcome, lost="no node can hold it")
         record_lost(trial, want, f"[{self.stage.name} #{trial.number}]", result, self.host.say)
         self.lost += 1
@@ -230,6 +235,7 @@ class ParallelStage:
         self.parked.clear()
 
 
-def run_parallel_stage(host: StageHost, study: optuna.Study, stage: Stage,
-                       incumbent: Incumbent) -> None:  # fmt: skip
+def run_parallel_stage(
+    host: StageHost, study: optuna.Study, stage: Stage, incumbent: Incumbent
+) -> None:
     ParallelStage(host, study, stage, incumbent).run()

@@ -239,8 +239,11 @@ class Prescreen:
 
     def _factors(self, e: PointEstimate, constraints: dict[str, float]) -> dict[str, float]:
         slo = self.config.slo
-        latencies = {"ttft": (slo.p99_ttft_s, e.ttft_ms), "tpot": (slo.p99_tpot_s, e.tpot_ms),
-                     "e2e": (slo.p99_e2e_s, e.e2e_ms)}  # fmt: skip
+        latencies = {
+            "ttft": (slo.p99_ttft_s, e.ttft_ms),
+            "tpot": (slo.p99_tpot_s, e.tpot_ms),
+            "e2e": (slo.p99_e2e_s, e.e2e_ms),
+        }
         factors = {}
         for name, (limit, estimated_ms) in latencies.items():
             overshoot = constraints.get(f"slo_p99_{name}")
@@ -252,9 +255,13 @@ class Prescreen:
         return factors
 
     def enqueue_best(
-        self, study: optuna.Study, stage: Stage, incumbent: Incumbent, at_once: int = 1,
+        self,
+        study: optuna.Study,
+        stage: Stage,
+        incumbent: Incumbent,
+        at_once: int = 1,
         following: Stage | None = None,
-    ) -> int:  # fmt: skip
+    ) -> int:
         """Queue the estimator's best points not measured yet as the stage's next trials, up
         to ``at_once`` and :func:`seeds_for` the stage in all: those that start, the ones
         whose estimates (anchored on what the study measured) meet the SLOs first, then the
@@ -290,9 +297,13 @@ class Prescreen:
         return len(best)
 
     def lead_ahead(
-        self, study: optuna.Study, stage: Stage, following: Stage, incumbent: Incumbent,
+        self,
+        study: optuna.Study,
+        stage: Stage,
+        following: Stage,
+        incumbent: Incumbent,
         min_gain: float,
-    ) -> tuple[Incumbent, str] | None:  # fmt: skip
+    ) -> tuple[Incumbent, str] | None:
         """A lead for the ``following`` stage that no window shows: the trial of ``stage``
         whose best point over the following stage's params, estimated and anchored on what the
         stage measured, beats the incumbent's best point there by more than ``min_gain`` (with

@@ -24,8 +24,13 @@ from tuner.study.stages import Stage
 class QualityReference:
     """The baseline's quality outputs, and the scoring of every later trial against them."""
 
-    def __init__(self, config: TunerConfig, stages: list[Stage], paths: StudyPaths,
-                 say: Callable[[str], None]) -> None:  # fmt: skip
+    def __init__(
+        self,
+        config: TunerConfig,
+        stages: list[Stage],
+        paths: StudyPaths,
+        say: Callable[[str], None],
+    ) -> None:
         self.config, self.stages, self.paths, self.say = config, stages, paths, say
         self.outputs: QualityOutputs | None = None
 

@@ -127,8 +127,9 @@ class StudyRunner:
         self.storage = open_storage(self.storage_url)
         self._check_resumed()
         self.executor = self.executor or make_executor(self.config, self.trial_fn, self.say)
-        self.flights = Flights(self.executor, self.config, self.storage, self.paths,
-                               self.all_specs, self.say)  # fmt: skip
+        self.flights = Flights(
+            self.executor, self.config, self.storage, self.paths, self.all_specs, self.say
+        )
         try:
             baseline = self._baseline()
             incumbent, decisions = baseline, []
@@ -182,8 +183,9 @@ class StudyRunner:
     def _open(self, name: str, stage: Stage | None = None) -> optuna.Study:
         sampler = None
         if stage is not None:
-            sampler = make_sampler(self.config.sampler, stage.specs, self.config.study.seed,
-                                   parallel=self.parallel)  # fmt: skip
+            sampler = make_sampler(
+                self.config.sampler, stage.specs, self.config.study.seed, parallel=self.parallel
+            )
         study = optuna.create_study(
             storage=self.storage,
             study_name=name,
@@ -212,8 +214,9 @@ class StudyRunner:
             numbers = ", ".join(str(t.number) for t in done)
             self.say(f"baseline {key}: reusing trial {numbers} (same fingerprint)")
             self.quality.reuse(done[-1])
-        self.launches.replan(planned_launches(self.config.study, self._stage_trials(0),
-                                              want - len(done)))  # fmt: skip
+        self.launches.replan(
+            planned_launches(self.config.study, self._stage_trials(0), want - len(done))
+        )
         if len(done) < want:  # side by side when the executor has the slots
             done = self._measure_baselines(study, key, len(done), want)
         self.baseline_ref = (study.study_name, done[-1].number)
@@ -221,17 +224,27 @@ class StudyRunner:
         self.confirmation.noise.add(baseline.params, baseline.samples)
         cfg = self.config.study
         slices = [t.user_attrs.get(TrialAttr.WINDOW_SLICES) or [] for t in done]
-        self.say(resolution_line(self.evaluator.select_by, baseline.samples, cfg.repeats,
-                                 cfg.min_gain, cfg.pools_noise, cfg.candidate_windows,
-                                 slices))  # fmt: skip
+        self.say(
+            resolution_line(
+                self.evaluator.select_by,
+                baseline.samples,
+                cfg.repeats,
+                cfg.min_gain,
+                cfg.pools_noise,
+                cfg.candidate_windows,
+                slices,
+            )
+        )
         return baseline
 
     def _measure_baselines(
         self, study: optuna.Study, key: str, have: int, want: int
     ) -> list[optuna.trial.FrozenTrial]:
         note = f"baseline {key}: measuring vLLM with the fixed args only ({{}}/{want})"
-        wants = [Want(study, Role.BASELINE, {}, Role.BASELINE, note=note.format(n + 1))
-                 for n in range(have, want)]  # fmt: skip
+        wants = [
+            Want(study, Role.BASELINE, {}, Role.BASELINE, note=note.format(n + 1))
+            for n in range(have, want)
+        ]
         for result in self._measure_many(wants, stop=lambda r: not r.outcome.ok):
             if not result.outcome.ok:
                 raise StudyFailedError(
@@ -355,8 +368,9 @@ class StudyRunner:
             return None
         select = (self.evaluator.select_index, self.evaluator.select_sign)
         study, gain = self._done_stages[-1], self.config.study.min_gain
-        found = next_lead(search_trials(study), incumbent, decision, select, gain,
-                          self.confirmation.pooled())  # fmt: skip
+        found = next_lead(
+            search_trials(study), incumbent, decision, select, gain, self.confirmation.pooled()
+        )
         if found is None and self.prescreen is not None:
             found = self.prescreen.lead_ahead(study, stage, following, incumbent, gain)
         if found is None:
@@ -364,9 +378,7 @@ class StudyRunner:
         self.say(found[1])
         return found[0]
 
-    def _cover(
-        self, study: optuna.Study, stage: Stage, launched: int, start: Incumbent
-    ) -> None:
+    def _cover(self, study: optuna.Study, stage: Stage, launched: int, start: Incumbent) -> None:
         """The estimator's next seeds (study.prescreen; as many as trials run at once, which
         start knowing the same), or the points left once the stage's budget covers them
         (stages.queue_unmeasured)."""
@@ -375,8 +387,10 @@ class StudyRunner:
                 study, stage, start, self.flights.executor.slots, self._following(stage)
             )
         if left := queue_unmeasured(study, stage, launched):
-            self.say(f"stage {stage.name}: its budget covers the {len(left)} point(s) not "
-                     "measured yet; measuring each")  # fmt: skip
+            self.say(
+                f"stage {stage.name}: its budget covers the {len(left)} point(s) not "
+                "measured yet; measuring each"
+            )
 
     def _following(self, stage: Stage) -> Stage | None:
         at = self.stages.index(stage)

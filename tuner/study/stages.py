@@ -239,9 +239,12 @@ def jsonable(value: Any) -> Any:
 
 
 def seed_incumbent(
-    study: optuna.Study, stage: Stage, incumbent: Incumbent, server: ServerConfig,
+    study: optuna.Study,
+    stage: Stage,
+    incumbent: Incumbent,
+    server: ServerConfig,
     defaults: Mapping[str, Any] | None = None,
-) -> bool:  # fmt: skip
+) -> bool:
     """Add the incumbent as a known first trial, so the sampler starts from the control.
 
     Only when every param of the stage has a known value on the incumbent (``defaults``: what
