@@ -5,7 +5,6 @@
     studies/<name>/
       optuna.db               default storage
       config.yaml             the composed config of the run
-      .run.lock               held by the one `tuner run` of this study
       trials/<trial_id>/      server.log, requests.jsonl, loadgen/ (Locust's CSV, HTML, log),
                               telemetry.csv, quality.jsonl, result.json
       artifacts/              optuna-dashboard's copies of trial files
@@ -83,10 +82,6 @@ class StudyPaths:
     @property
     def artifacts_dir(self) -> Path:
         return self.root / "artifacts"
-
-    @property
-    def run_lock(self) -> Path:
-        return self.root / ".run.lock"
 
     @property
     def dashboard_log(self) -> Path:

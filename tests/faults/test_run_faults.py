@@ -12,6 +12,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import threading
 import time
@@ -255,7 +256,8 @@ def test_pg_restart_sigterm_second_run_fp8_sigkill_then_resume_completes_the_bud
 INJECTED = {
     "pg_restart": "real: `pg_ctlcluster ... restart` (fast shutdown) during the baseline's load "
     "(real vLLM-CPU trial, study on PostgreSQL)",
-    "two_runs": "real: a second identical `tuner run` while the first starts a vLLM trial",
+    "two_runs": "real: a second `tuner run` of the study from another working folder while the "
+    "first starts a vLLM trial",
     "sigterm": "real: SIGTERM to `tuner run` 2 s into a vLLM-CPU trial's load",
     "fp8_startup": "real vLLM-CPU with `--quantization fp8`, in the resumed study",
     "sigkill_mid_load": "real: SIGKILL to the vLLM-CPU API server 3 s into the load, in the "
@@ -271,7 +273,7 @@ def _first_run(args: list[str], tmp_path: Path, name: str, watch: ProcessWatch) 
         seen.outcome["pg_restart"] = _restart_during_baseline(first)
         first.wait_line("[batching #1] starting server", 600)
         wait_for(lambda: len(taken(tmp_path)) == 2, 60, "the launch of trial #1")
-        _second_run_is_refused(args, tmp_path, name, seen)
+        _second_run_is_refused(args, tmp_path, name, seen, first.proc.pid)
         first.wait_line("[batching #1] load:", 600)
         time.sleep(2.0)
         first.proc.send_signal(signal.SIGTERM)
@@ -305,19 +307,25 @@ def _restart_during_baseline(run: TunerRun) -> str:
     return f"restarted in {took:.1f} s mid-load; the study went on: {line.split('] ', 2)[-1]}"
 
 
-def _second_run_is_refused(args: list[str], tmp_path: Path, name: str, seen: Observed) -> None:
+def _second_run_is_refused(
+    args: list[str], tmp_path: Path, name: str, seen: Observed, first_pid: int
+) -> None:
     folders = sorted(p.name for p in (tmp_path / name / "trials").iterdir())
     launches = taken(tmp_path)
     trials = stored_trials(PG_URL, name, str(tmp_path))
     t0 = time.monotonic()
-    second = TunerRun(args)
+    # From another working folder: only the lease in the shared database can see the first.
+    elsewhere = tmp_path / "elsewhere"
+    second = TunerRun(overrides(args, f"studies_dir={elsewhere}"))
     rc = second.wait(60)
     took = time.monotonic() - t0
     assert rc == 2, second.text
-    assert second.lines == [
-        f"tuner: error: study {name!r} is already being run by another tuner process "
-        "(wait for it to finish, or use another name=)"
-    ]
+    assert len(second.lines) == 1, second.text
+    holder = f"(pid {first_pid} on {socket.gethostname()}, studies in {tmp_path.resolve()})"
+    assert second.lines[0].startswith(
+        f"tuner: error: study {name!r} is already being run by another tuner process {holder}"
+    ), second.lines
+    assert second.lines[0].endswith("(wait for it to finish, or use another name=)")
     assert took < 20, took  # the lock is taken before any slow check
     assert taken(tmp_path) == launches
     assert sorted(p.name for p in (tmp_path / name / "trials").iterdir()) == folders

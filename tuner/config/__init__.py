@@ -196,6 +196,8 @@ class StudyConfig:
     # the replays than it let luck through.
     count_search_window: bool = True
     storage: str | None = None  # SQLAlchemy URL; None = SQLite in studies/<name>/optuna.db
+    # One driver per study: how long a driver that stopped renewing its lease keeps the study
+    lease_s: float = 60.0
     max_failure_rate: float = 0.6
     max_consecutive_failures: int = 4
     seed: int = 0
@@ -238,6 +240,8 @@ class StudyConfig:
             raise ConfigError(
                 f"study.noise must be one of {', '.join(NOISE_RULES)}, got {self.noise!r}"
             )
+        if self.lease_s < 5:
+            raise ConfigError(f"study.lease_s must be >= 5 seconds, got {self.lease_s}")
         if self.refine_trials < 0:
             raise ConfigError(f"study.refine_trials must be >= 0, got {self.refine_trials}")
         if "refine" in self.stages:

@@ -7,13 +7,11 @@ summary. The CLI only composes the config and calls into here.
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import os
 import shlex
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 import yaml
 
@@ -29,6 +27,7 @@ from tuner.server.vllm_parser import check_argv, vllm_flags, vllm_version
 from tuner.study.budget import BudgetHook
 from tuner.study.evaluation import Evaluator
 from tuner.study.fingerprint import fingerprint, hardware, public_env
+from tuner.study.lease import RunLease, take_lease
 from tuner.study.prescreen import Prescreen
 from tuner.study.runner import Progress, StudyRunner
 from tuner.study.stages import StudyResult, spec_text
@@ -43,7 +42,7 @@ class Session:
     runner: StudyRunner
     baseline_argv: list[str]
     device_count: int
-    _lock: IO[str] | None = None
+    _lease: RunLease | None = None
 
     def preflight(self) -> None:
         """Checks that cost seconds, not server starts: devices, flags, model, port."""
@@ -72,20 +71,16 @@ class Session:
         self.runner.canonical.server_values = prescreen.server_values
 
     def _take_lock(self) -> None:
-        """One `tuner run` per study folder: a second one would mark the first's trials failed."""
+        """One `tuner run` per study, on any host: a second driver would mark the first's
+        trials failed. The lease lives in the study's database (tuner.study.lease)."""
         paths = self.runner.paths.ensure()
-        handle = paths.run_lock.open("w")
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            handle.close()
-            raise ConfigError(
-                f"study {self.config.name!r} is already being run by another tuner process",
-                hint="wait for it to finish, or use another name=",
-            ) from None
-        handle.write(str(os.getpid()))
-        handle.flush()
-        self._lock = handle
+        self._lease = take_lease(
+            self.runner.storage_url,
+            self.config.name,
+            paths.root.parent.resolve(),
+            self.config.study.lease_s,
+            on_lost=lambda line: self.runner.say(f"warning: {line}"),
+        )
 
     def save_config(self, config: TunerConfig) -> None:
         """The composed config of the run, without secrets, next to the storage."""
@@ -145,10 +140,8 @@ class Session:
         self.runner.close()  # the executor: a local Ray instance shuts down
         if self.runner.prescreen is not None and self.runner.prescreen.validator is not None:
             self.runner.prescreen.validator.close()  # the warm vLLM worker ends with the run
-        if self._lock is not None:
-            with contextlib.suppress(OSError):
-                fcntl.flock(self._lock, fcntl.LOCK_UN)
-                self._lock.close()
+        if self._lease is not None:
+            self._lease.release()
 
 
 def outcome_lines(name: str, names: list[str], select_index: int, result: StudyResult) -> list[str]:
