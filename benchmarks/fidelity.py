@@ -10,7 +10,7 @@ tuner's synthesizer per run, read by vLLM's client as a ``custom`` dataset (``--
 gives vLLM's client its ``random`` dataset, which repeats prompts on a small vocabulary and so
 hits the server's prefix cache; the hit rate of every run is read from /metrics). Reported:
 ours / vLLM's for P50/P99 TTFT, TPOT and E2E (vLLM's own reported percentiles against
-tuner.measurement's) and output tok/s, per pair and median.
+tuner.measurement.stats's) and output tok/s, per pair and median.
 
 Output tok/s is defined differently on purpose: vLLM divides every output token by the time from
 the first send to the last completion (ramp-up and tail included); tuner divides the tokens of

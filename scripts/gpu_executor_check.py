@@ -35,12 +35,12 @@ sys.path.insert(0, str(ROOT))  # runnable from a bare checkout
 from tuner.config import TunerConfig  # noqa: E402
 from tuner.executor import Demand, TrialJob, TrialResult, make_executor  # noqa: E402
 from tuner.executor.cluster import loopback_only  # noqa: E402
-from tuner.launch import LaunchSpec  # noqa: E402
-from tuner.outcome import TrialOutcome  # noqa: E402
 from tuner.schema import TrialStatus  # noqa: E402
+from tuner.search.launch import LaunchSpec  # noqa: E402
 from tuner.telemetry import Telemetry  # noqa: E402
 from tuner.telemetry.nvml import gpu_inventory, visible_entries, visible_uuids  # noqa: E402
-from tuner.trial import with_device_order  # noqa: E402
+from tuner.trial.outcome import TrialOutcome  # noqa: E402
+from tuner.trial.run import with_device_order  # noqa: E402
 
 # One GPU process: "uuids" prints the UUIDs CUDA gives its visible devices, in CUDA's order;
 # "load" keeps its device 0 busy for argv[3] seconds (gpu_telemetry_check's load backends).

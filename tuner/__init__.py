@@ -35,13 +35,13 @@ _OWNERS: dict[str, str] = {
     "TunerError": "tuner.errors",
     "ConfigError": "tuner.errors",
     # measurement
-    "Measurements": "tuner.measurement",
-    "MetricStats": "tuner.measurement",
-    "measure": "tuner.measurement",
-    "token_rate": "tuner.measurement",
-    "window_slices": "tuner.measurement",
-    "RequestRecord": "tuner.records",
-    "read_records": "tuner.records",
+    "Measurements": "tuner.measurement.stats",
+    "MetricStats": "tuner.measurement.stats",
+    "measure": "tuner.measurement.stats",
+    "token_rate": "tuner.measurement.stats",
+    "window_slices": "tuner.measurement.stats",
+    "RequestRecord": "tuner.measurement.records",
+    "read_records": "tuner.measurement.records",
     # scoring
     "Objective": "tuner.scoring.objective",
     "Constraint": "tuner.scoring.objective",
@@ -57,17 +57,17 @@ _OWNERS: dict[str, str] = {
     "relative_violation": "tuner.scoring.objective",
     "meets": "tuner.scoring.feasibility",
     # one trial and what it runs
-    "run_trial": "tuner.trial",
-    "TrialOutcome": "tuner.outcome",
-    "LaunchSpec": "tuner.launch",
+    "run_trial": "tuner.trial.run",
+    "TrialOutcome": "tuner.trial.outcome",
+    "LaunchSpec": "tuner.search.launch",
     "make_backend": "tuner.server",
     "StudyPaths": "tuner.paths",
     "LocustLoadGenerator": "tuner.loadgen",
     "Target": "tuner.loadgen",
-    "build_plan": "tuner.loadgen.workload",
-    "CheckEndpoint": "tuner.deployment.check_measure",
-    "measure_window": "tuner.deployment.check_measure",
-    "read_reference": "tuner.deployment.check_reference",
+    "build_plan": "tuner.loadgen.request_plan",
+    "CheckEndpoint": "tuner.deployment.check.endpoint",
+    "measure_window": "tuner.deployment.check.endpoint",
+    "read_reference": "tuner.deployment.check.evidence_file",
     "ProbeRun": "tuner.loadgen.probe",
     "run_probe": "tuner.loadgen.probe",
     "pin": "tuner.host.placement",
@@ -96,7 +96,7 @@ _OWNERS: dict[str, str] = {
     "Fit": "tuner.plan.estimate",
     "Agreement": "tuner.plan.fidelity",
     "estimate_vs_measured": "tuner.plan.fidelity",
-    "Planner": "tuner.plan.command",
+    "Planner": "tuner.plan.planner",
     "Prescreen": "tuner.study.prescreen",
     # comparing two endpoints
     "Ratio": "tuner.deployment.compare",
@@ -200,23 +200,27 @@ if TYPE_CHECKING:  # the same names, eagerly, for type checkers and IDEs
     from tuner.composition import compose
     from tuner.config import NOISE_RULES, ParamSpec, SamplerConfig, SloConfig, TunerConfig
     from tuner.config.workload import LengthDist, RequestClass, WorkloadConfig
-    from tuner.deployment.check_measure import CheckEndpoint, measure_window
-    from tuner.deployment.check_reference import read_reference
+    from tuner.deployment.check.endpoint import CheckEndpoint, measure_window
+    from tuner.deployment.check.evidence_file import read_reference
     from tuner.deployment.compare import Ratio, Verdict, ratio_of, window_order
     from tuner.errors import ConfigError, TunerError
     from tuner.host.cpu import read_cpuinfo
     from tuner.host.placement import pin, tree_cpus
-    from tuner.launch import LaunchSpec
     from tuner.loadgen import LocustLoadGenerator, Target
     from tuner.loadgen.probe import ProbeRun, run_probe
-    from tuner.loadgen.workload import build_plan
-    from tuner.measurement import Measurements, MetricStats, measure, token_rate, window_slices
-    from tuner.outcome import TrialOutcome
+    from tuner.loadgen.request_plan import build_plan
+    from tuner.measurement.records import RequestRecord, read_records
+    from tuner.measurement.stats import (
+        Measurements,
+        MetricStats,
+        measure,
+        token_rate,
+        window_slices,
+    )
     from tuner.paths import StudyPaths
-    from tuner.plan.command import Planner
     from tuner.plan.estimate import Estimator, Fit, PlanPoint
     from tuner.plan.fidelity import Agreement, estimate_vs_measured
-    from tuner.records import RequestRecord, read_records
+    from tuner.plan.planner import Planner
     from tuner.schema import Role, StudyAttr, TrialAttr, TrialStatus
     from tuner.scoring.feasibility import meets
     from tuner.scoring.objective import (
@@ -233,6 +237,7 @@ if TYPE_CHECKING:  # the same names, eagerly, for type checkers and IDEs
         relative_violation,
         stat_or_nan,
     )
+    from tuner.search.launch import LaunchSpec
     from tuner.server import make_backend
     from tuner.study.acceptance import Comparison, Decision, decide
     from tuner.study.evaluation import Evaluator
@@ -240,4 +245,5 @@ if TYPE_CHECKING:  # the same names, eagerly, for type checkers and IDEs
     from tuner.study.prescreen import Prescreen
     from tuner.study.runner import StudyRunner, TrialFn
     from tuner.telemetry.metrics import counter_deltas, histogram_means, over_server, scrape
-    from tuner.trial import run_trial
+    from tuner.trial.outcome import TrialOutcome
+    from tuner.trial.run import run_trial

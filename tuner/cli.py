@@ -48,7 +48,7 @@ def cmd_trial(args: argparse.Namespace) -> int:
     """Run one trial with the composed config; print its results table."""
     from tuner.paths import StudyPaths
     from tuner.server import LaunchSpec, make_backend
-    from tuner.trial import run_trial
+    from tuner.trial.run import run_trial
 
     config = compose(args.overrides, args.config_dir)
     study = StudyPaths.for_study(config.studies_dir, config.name)
@@ -86,7 +86,7 @@ def _print_plan(config: TunerConfig, argv: list[str]) -> int:
 
 
 def _print_outcome(outcome: object) -> None:
-    from tuner.outcome import TrialOutcome
+    from tuner.trial.outcome import TrialOutcome
 
     assert isinstance(outcome, TrialOutcome)
     if not outcome.ok:
@@ -197,7 +197,7 @@ def _add_review(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
 
 def cmd_plan(args: argparse.Namespace) -> int:
     """Estimate the study's search space on a GPU system (AIConfigurator, offline)."""
-    from tuner.plan.command import plan_command
+    from tuner.plan.planner import plan_command
 
     return plan_command(compose(args.overrides, args.config_dir), args.target_rps, args.out)
 
@@ -314,7 +314,7 @@ def _add_deployment(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 def cmd_workload_fit(args: argparse.Namespace) -> int:
     """Write a workload YAML fitted to a trace or a running vLLM's metrics; print its fidelity."""
-    from tuner.traffic.command import FitRequest, fit_command
+    from tuner.traffic.fit_command import FitRequest, fit_command
 
     keys = ("layout", "start_s", "duration_s", "rate_scale", "window_s", "max_model_len")
     options = {k: getattr(args, k) for k in keys}
@@ -374,9 +374,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def cmd_client_capacity(args: argparse.Namespace) -> int:
     """Measure (or show the stored) client capacity of this host."""
-    from tuner.loadgen import capacity
+    from tuner.loadgen import client_capacity
 
-    return capacity.command(again=args.again, say=_say)
+    return client_capacity.command(again=args.again, say=_say)
 
 
 class _ArgumentParserError(ConfigError):

@@ -86,7 +86,7 @@ def compose(overrides: Sequence[str], config_dir: Path | None = None) -> TunerCo
     assert isinstance(config, TunerConfig)
     _resolve_local_paths(config)
     config.validate()
-    from tuner.server.command import start_from_today
+    from tuner.server.from_command import start_from_today
 
     if start_from_today(config.server, overrides):  # today's deployment: the fixed args
         _resolve_local_paths(config)

@@ -35,7 +35,7 @@ def user_cache_dir() -> Path:
 
 
 def client_capacity_file() -> Path:
-    """The load generator's measured SSE-event capacity per host (tuner.loadgen.capacity)."""
+    """The load generator's measured SSE-event capacity per host (tuner.loadgen.client_capacity)."""
     return user_cache_dir() / "client-capacity.json"
 
 

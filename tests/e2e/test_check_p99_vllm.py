@@ -23,11 +23,11 @@ from tests.conftest import TINY_MODEL
 from tests.fakes.check_evidence import evidence
 from tuner.cli import main
 from tuner.config import ServerConfig
-from tuner.deployment.check_measure import Endpoint, measure_window
-from tuner.deployment.check_reference import read_reference
+from tuner.deployment.check.endpoint import Endpoint, measure_window
+from tuner.deployment.check.evidence_file import read_reference
 from tuner.host.placement import allowed_cpus
 from tuner.server import LaunchSpec, make_backend
-from tuner.server.command import parse_command
+from tuner.server.from_command import parse_command
 from tuner.study.noise import NoiseEstimate
 
 pytestmark = pytest.mark.e2e

@@ -38,7 +38,7 @@ from tuner.cli import main
 from tuner.config import ServerConfig
 from tuner.host.placement import allowed_cpus, format_cpus
 from tuner.server import LaunchSpec, make_backend
-from tuner.server.command import StartCommand, parse_command
+from tuner.server.from_command import StartCommand, parse_command
 
 pytestmark = pytest.mark.e2e
 KEY, KEY_ENV = "sk-e2e-deployment-5566", "TUNER_E2E_DEPLOYMENT_KEY"

@@ -17,8 +17,8 @@ import pytest
 from tests.conftest import ONE_ENGINE_PROCESS
 from tuner.composition import compose
 from tuner.config import SloConfig, TunerConfig
-from tuner.loadgen.base import Target
-from tuner.measurement import measure
+from tuner.loadgen.generator import Target
+from tuner.measurement.stats import measure
 from tuner.quality import (
     QualityConfig,
     QualityOutputs,

@@ -11,8 +11,8 @@ import pytest
 
 from tests.conftest import ONE_ENGINE_PROCESS
 from tuner.config.workload import PrefixConfig
-from tuner.loadgen.workload import load_tokenizer, read_plan
-from tuner.records import read_records
+from tuner.loadgen.request_plan import load_tokenizer, read_plan
+from tuner.measurement.records import read_records
 from tuner.traffic.prompts import shared_prefix_blocks
 
 pytestmark = pytest.mark.e2e

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from tuner.composition import compose
-from tuner.host.process import port_is_free
-from tuner.records import read_records
+from tuner.host.children import port_is_free
+from tuner.measurement.records import read_records
 
 pytestmark = pytest.mark.e2e
 

@@ -15,11 +15,11 @@ from tests.conftest import overrides
 from tests.faults.conftest import FAST, ProcessWatch, wait_for
 from tuner.cli import main
 from tuner.composition import compose
-from tuner.host.process import free_port, port_is_free
+from tuner.host.children import free_port, port_is_free
 from tuner.paths import StudyPaths
 from tuner.server import LaunchSpec, make_backend
-from tuner.server.base import REASON_PORT_IN_USE
-from tuner.trial import run_trial
+from tuner.server.backend import REASON_PORT_IN_USE
+from tuner.trial.run import run_trial
 
 BIND_ERROR = "Address already in use"
 

@@ -14,8 +14,8 @@ from tests.fakes.queue_server import QueueServer
 from tests.fakes.sse_server import FakeConfig
 from tuner.config import SloConfig
 from tuner.config.workload import LengthDist, RequestClass, WorkloadConfig
-from tuner.deployment.capacity_load import measure_rate, rate_workload
-from tuner.deployment.capacity_sweep import CapacitySearch
+from tuner.deployment.capacity.rate_load import measure_rate, rate_workload
+from tuner.deployment.capacity.sweep import CapacitySearch
 from tuner.loadgen import Target
 from tuner.plan.sizing import CapacityStep
 

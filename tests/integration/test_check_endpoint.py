@@ -23,8 +23,8 @@ from tests.conftest import TINY_MODEL
 from tests.fakes.check_evidence import evidence
 from tests.fakes.sse_server import FakeConfig, FakeServer
 from tuner.cli import main
-from tuner.deployment.check_measure import Endpoint, measure_window
-from tuner.deployment.check_reference import read_reference
+from tuner.deployment.check.endpoint import Endpoint, measure_window
+from tuner.deployment.check.evidence_file import read_reference
 from tuner.study.noise import NoiseEstimate
 
 pytestmark = pytest.mark.integration

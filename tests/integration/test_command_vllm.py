@@ -21,7 +21,7 @@ from tuner.cli import main
 from tuner.composition import compose
 from tuner.errors import ConfigError
 from tuner.server import vllm_parser
-from tuner.server.command import parse_command, parse_config_file
+from tuner.server.from_command import parse_command, parse_config_file
 
 pytestmark = pytest.mark.integration
 PY = sys.executable

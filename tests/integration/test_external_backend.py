@@ -20,7 +20,7 @@ import requests
 
 from tests.conftest import ROOT, TINY_MODEL
 from tuner.cli import main
-from tuner.host.process import free_port
+from tuner.host.children import free_port
 
 pytestmark = pytest.mark.integration
 KEY = "sk-external-test-7788"

@@ -23,8 +23,7 @@ from tuner.config import SloConfig
 from tuner.config.workload import LengthDist, RequestClass, WorkloadConfig
 from tuner.errors import ConfigError, LoadGenError
 from tuner.loadgen import LoadResult, LocustLoadGenerator, Target, get_load_generator
-from tuner.measurement import measure
-from tuner.records import (
+from tuner.measurement.records import (
     ERROR_CONNECTION,
     ERROR_HTTP,
     ERROR_STREAM,
@@ -32,6 +31,7 @@ from tuner.records import (
     RequestRecord,
     read_records,
 )
+from tuner.measurement.stats import measure
 
 pytestmark = pytest.mark.integration
 

@@ -16,8 +16,8 @@ import pytest
 from tests.conftest import TINY_MODEL
 from tests.fakes.sse_server import FakeConfig, FakeServer
 from tuner.cli import main
-from tuner.loadgen import capacity as cap
-from tuner.loadgen.capacity import ClientCapacity
+from tuner.loadgen import client_capacity as cap
+from tuner.loadgen.client_capacity import ClientCapacity
 from tuner.loadgen.probe import probe
 
 pytestmark = pytest.mark.integration

@@ -19,7 +19,7 @@ from tests.fakes import make_tiny_tokenizer
 from tests.fakes.sse_server import FakeConfig, FakeServer
 from tuner.config.workload import LengthDist, RequestClass, WorkloadConfig
 from tuner.loadgen import LoadResult, LocustLoadGenerator, Target
-from tuner.records import RequestRecord, read_records
+from tuner.measurement.records import RequestRecord, read_records
 
 pytestmark = pytest.mark.integration
 

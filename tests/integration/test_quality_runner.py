@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from tests.fakes.sse_server import FakeConfig, FakeServer
-from tuner.loadgen.base import Target
+from tuner.loadgen.generator import Target
 from tuner.quality import QualityConfig, QualityOutputs, load_items, run_quality_set, score
 
 pytestmark = pytest.mark.integration

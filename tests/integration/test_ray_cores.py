@@ -28,8 +28,8 @@ from tests.fakes.ray_study import (
 from tuner.composition import compose
 from tuner.executor import TrialJob, demand_of, make_executor
 from tuner.executor.cluster import loopback_only
-from tuner.launch import LaunchSpec
-from tuner.trial import run_trial
+from tuner.search.launch import LaunchSpec
+from tuner.trial.run import run_trial
 
 loopback_only()  # before Ray is imported: the instance listens on loopback only
 import ray  # noqa: E402

@@ -17,15 +17,15 @@ from tests.conftest import TINY_MODEL, leftover_processes
 from tuner.cli import main
 from tuner.composition import compose
 from tuner.config import ParamSpec, ServerConfig, TunerConfig
-from tuner.launch import LaunchSpec
-from tuner.outcome import REASON_INVALID_CONFIG, TrialOutcome
 from tuner.plan.validate import ConfigValidator
 from tuner.schema import Role
+from tuner.search.launch import LaunchSpec
 from tuner.server import vllm_parser
 from tuner.study.evaluation import Evaluator
 from tuner.study.prescreen import Prescreen
 from tuner.study.runner import StudyRunner
 from tuner.study.stages import launched_trials
+from tuner.trial.outcome import REASON_INVALID_CONFIG, TrialOutcome
 
 pytestmark = pytest.mark.integration
 MESSAGE = "max_num_batched_tokens (1024) is smaller than max_model_len (2048)"

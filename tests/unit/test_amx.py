@@ -12,7 +12,7 @@ import pytest
 
 from tuner.config import ServerConfig
 from tuner.server import LaunchSpec, amx, make_backend
-from tuner.server import base as b
+from tuner.server import backend as b
 from tuner.server.vllm import classify_failure
 
 DATA = Path(__file__).resolve().parent.parent / "data"

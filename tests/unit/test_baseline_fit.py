@@ -13,7 +13,7 @@ from tuner.cli import main
 from tuner.composition import compose
 from tuner.errors import ConfigError
 from tuner.plan.baseline import baseline_fit
-from tuner.plan.command import Planner
+from tuner.plan.planner import Planner
 from tuner.study.evaluation import Evaluator
 from tuner.study.prescreen import Prescreen
 

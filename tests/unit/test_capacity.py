@@ -16,10 +16,10 @@ from tests.fakes.stored_study import ACCEPTED, make_stored_study, new_study
 from tuner.cli import main
 from tuner.composition import compose
 from tuner.config import CostConfig, SloConfig, TunerConfig
-from tuner.deployment.capacity_config import from_dict, stored_config
-from tuner.deployment.capacity_sweep import CapacitySearch, verdict
+from tuner.deployment.capacity.stored_config import from_dict, stored_config
+from tuner.deployment.capacity.sweep import CapacitySearch, verdict
 from tuner.errors import ConfigError
-from tuner.measurement import Measurements, MetricStats
+from tuner.measurement.stats import Measurements, MetricStats
 from tuner.plan.sizing import (
     CapacityRecord,
     CapacityStep,

@@ -28,10 +28,10 @@ from tuner.deployment.check import (
     verdict_rows,
     write_outputs,
 )
-from tuner.deployment.check_measure import pooled_with
-from tuner.deployment.check_reference import read_reference, tokenizer_for
+from tuner.deployment.check.endpoint import pooled_with
+from tuner.deployment.check.evidence_file import read_reference, tokenizer_for
 from tuner.errors import ConfigError
-from tuner.measurement import Measurements, MetricStats
+from tuner.measurement.stats import Measurements, MetricStats
 from tuner.redact import Redactor
 from tuner.study.noise import NoiseEstimate
 

@@ -28,8 +28,8 @@ from tuner.deployment.check import (
     verdict_rows,
     write_outputs,
 )
-from tuner.deployment.check_measure import pooled_with
-from tuner.deployment.check_reference import read_reference
+from tuner.deployment.check.endpoint import pooled_with
+from tuner.deployment.check.evidence_file import read_reference
 from tuner.errors import ConfigError
 from tuner.redact import Redactor
 from tuner.study.acceptance import Decision, objective_changes

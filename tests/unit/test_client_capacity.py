@@ -1,4 +1,5 @@
-"""The client's capacity store and the sizing rule of its processes (tuner.loadgen.capacity)."""
+"""The client's capacity store and the sizing rule of its processes
+(tuner.loadgen.client_capacity)."""
 
 from __future__ import annotations
 
@@ -10,8 +11,8 @@ import pytest
 
 from tuner.config import TunerConfig
 from tuner.config.workload import WorkloadConfig
-from tuner.loadgen import capacity as cap
-from tuner.loadgen.capacity import ClientCapacity
+from tuner.loadgen import client_capacity as cap
+from tuner.loadgen.client_capacity import ClientCapacity
 from tuner.paths import client_capacity_file
 
 

@@ -16,7 +16,7 @@ from tuner.composition import _verbatim, compose
 from tuner.config import ServerConfig
 from tuner.errors import ConfigError
 from tuner.redact import MASK
-from tuner.server.command import (
+from tuner.server.from_command import (
     StartCommand,
     _start_command,
     apply_start,

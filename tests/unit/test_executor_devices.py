@@ -19,10 +19,10 @@ from tuner.config import TelemetryConfig, TunerConfig
 from tuner.errors import ConfigError
 from tuner.executor import TrialDevices
 from tuner.executor.remote import on_devices
-from tuner.launch import LaunchSpec
+from tuner.search.launch import LaunchSpec
 from tuner.telemetry import Telemetry
 from tuner.telemetry.nvml import NvmlSampler, visible_uuids
-from tuner.trial import _gpus, with_device_order
+from tuner.trial.run import _gpus, with_device_order
 
 FAKE = Path(__file__).resolve().parents[1] / "fakes" / "nvml" / "pynvml.py"
 

@@ -16,13 +16,13 @@ import pytest
 
 from tuner.config import ParamSpec, SamplerConfig, TunerConfig
 from tuner.executor import REASON_EXECUTOR_LOST, Demand, TrialDevices, TrialJob, TrialResult
-from tuner.launch import LaunchSpec
-from tuner.measurement import Measurements, MetricStats
-from tuner.outcome import TrialOutcome
+from tuner.measurement.stats import Measurements, MetricStats
 from tuner.paths import TrialPaths
 from tuner.schema import Role, TrialAttr, TrialStatus
+from tuner.search.launch import LaunchSpec
 from tuner.study.evaluation import Evaluator
 from tuner.study.runner import StudyRunner
+from tuner.trial.outcome import TrialOutcome
 
 GPUS = 8
 

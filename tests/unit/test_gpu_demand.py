@@ -16,14 +16,14 @@ from tests.unit.test_executor_parallel import table_trial
 from tuner.cli import main
 from tuner.composition import compose
 from tuner.config import TunerConfig
-from tuner.launch import LaunchSpec
-from tuner.outcome import REASON_SCREENED, TrialOutcome
 from tuner.plan.demand import host_gpus, over_host
 from tuner.schema import Role, TrialAttr
 from tuner.scoring.feasibility import meets
+from tuner.search.launch import LaunchSpec
 from tuner.study.evaluation import Evaluator
 from tuner.study.prescreen import Prescreen
 from tuner.study.runner import StudyRunner
+from tuner.trial.outcome import REASON_SCREENED, TrialOutcome
 
 logging.getLogger("aiconfigurator_core").setLevel(logging.ERROR)
 TP8_PP2 = {"tensor_parallel_size": 8, "pipeline_parallel_size": 2}

@@ -32,11 +32,11 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     # the simulated GPU host's process: a server made of the plan's estimates
     ("simulation",),
     ("plan",),
-    ("trial", "outcome"),
+    ("trial",),
     ("server", "loadgen", "telemetry", "quality"),
     ("scoring",),
     ("measurement", "search", "host", "traffic"),
-    ("records", "launch", "paths", "redact", "schema"),
+    ("paths", "redact", "schema"),
     ("config",),
     ("errors",),
 )
@@ -252,3 +252,14 @@ def test_layout_is_left_to_the_formatter() -> None:
         if re.search(r"#\s*fmt:\s*(skip|off)\b", line)
     ]
     assert not marked, f"formatter markers left: {marked[:10]}"
+
+
+def test_no_two_modules_share_a_file_name() -> None:
+    """Each room has its own name: a reader (and an import alias) never has to tell two
+    ``space.py`` apart. Package ``__init__`` files and ``__main__`` entry points excepted."""
+    seen: dict[str, list[str]] = {}
+    for path in PACKAGE.rglob("*.py"):
+        if path.name not in ("__init__.py", "__main__.py"):
+            seen.setdefault(path.name, []).append(str(path.relative_to(ROOT)))
+    shared = {name: paths for name, paths in seen.items() if len(paths) > 1}
+    assert not shared, shared

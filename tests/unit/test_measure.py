@@ -9,21 +9,21 @@ import numpy as np
 import pytest
 
 from tuner.config import SloConfig
-from tuner.measurement import (
-    MIN_SAMPLES_P99_CI,
-    Measurements,
-    MetricStats,
-    measure,
-    span_means,
-    window_slices,
-)
-from tuner.records import (
+from tuner.measurement.records import (
     ERROR_CONNECTION,
     ERROR_HTTP,
     ERROR_TIMEOUT,
     PHASE_MEASURE,
     PHASE_WARMUP,
     RequestRecord,
+)
+from tuner.measurement.stats import (
+    MIN_SAMPLES_P99_CI,
+    Measurements,
+    MetricStats,
+    measure,
+    span_means,
+    window_slices,
 )
 
 T0 = 1_000.0  # window start

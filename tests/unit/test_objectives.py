@@ -14,7 +14,7 @@ import objectives
 import tuner.scoring.objective as obj
 from tuner.config import CostConfig, ObjectivesConfig, SloConfig
 from tuner.errors import ConfigError
-from tuner.measurement import Measurements, MetricStats
+from tuner.measurement.stats import Measurements, MetricStats
 from tuner.scoring.objective import (
     NO_DATA_VIOLATION,
     ObjectiveContext,

@@ -6,14 +6,14 @@ import json
 from pathlib import Path
 
 from tuner.config import SloConfig
-from tuner.launch import LaunchSpec
-from tuner.measurement import measure
-from tuner.outcome import TrialOutcome, TrialPlacement, Window
+from tuner.measurement.records import RequestRecord
+from tuner.measurement.stats import measure
 from tuner.quality import QualityResult
-from tuner.records import RequestRecord
 from tuner.schema import TrialStatus
+from tuner.search.launch import LaunchSpec
 from tuner.server import ServerInfo
 from tuner.telemetry import TelemetrySummary
+from tuner.trial.outcome import TrialOutcome, TrialPlacement, Window
 
 
 def _outcome() -> TrialOutcome:

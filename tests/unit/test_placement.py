@@ -11,6 +11,7 @@ import pytest
 
 from tuner.config import PlacementConfig, TunerConfig
 from tuner.errors import ConfigError
+from tuner.host.children import reap, spawn
 from tuner.host.placement import (
     Placement,
     for_trial,
@@ -21,7 +22,6 @@ from tuner.host.placement import (
     split,
     tree_cpus,
 )
-from tuner.host.process import reap, spawn
 
 AUTO = PlacementConfig()
 

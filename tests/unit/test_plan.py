@@ -18,7 +18,7 @@ from tuner.composition import compose
 from tuner.config import ParamSpec
 from tuner.config.plan import PlanConfig
 from tuner.errors import ConfigError
-from tuner.plan import space as plan_space
+from tuner.plan import points as plan_space
 from tuner.plan import system as plan_system
 from tuner.plan.estimate import Estimator, Fit, PlanPoint, step_prefill
 

@@ -13,7 +13,7 @@ import pytest
 
 from tuner.composition import compose
 from tuner.config import ParamSpec, SloConfig, TunerConfig
-from tuner.plan.command import Planner
+from tuner.plan.planner import Planner
 from tuner.plan.table import Anchor, Scale
 from tuner.schema import Role, TrialAttr, TrialStatus
 from tuner.search import space as search_space

@@ -12,12 +12,10 @@ import pytest
 
 from tuner.composition import compose
 from tuner.config import ParamSpec, TunerConfig
-from tuner.launch import LaunchSpec
-from tuner.measurement import Measurements, MetricStats
-from tuner.outcome import REASON_SCREENED, TrialOutcome
-from tuner.plan.command import Planner
+from tuner.measurement.stats import Measurements, MetricStats
 from tuner.plan.estimate import PLAN_ATTRS
 from tuner.plan.fidelity import estimate_vs_measured, spearman, trials_agreement
+from tuner.plan.planner import Planner
 from tuner.plan.table import MAX_SLOPE, TTFT_SLOPE, Scale
 from tuner.review.render import html_page, summary_text
 from tuner.review.report import build_report
@@ -25,10 +23,12 @@ from tuner.review.stored import open_review
 from tuner.schema import Role, TrialAttr, TrialStatus
 from tuner.scoring.feasibility import meets
 from tuner.search import space as search_space
+from tuner.search.launch import LaunchSpec
 from tuner.study.evaluation import Evaluator
 from tuner.study.prescreen import Prescreen, seeds_for
 from tuner.study.runner import StudyRunner
 from tuner.study.stages import Incumbent, Stage
+from tuner.trial.outcome import REASON_SCREENED, TrialOutcome
 
 logging.getLogger("aiconfigurator_core").setLevel(logging.ERROR)
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import psutil
 
-from tuner.host.process import free_port, group_alive, port_is_free, reap, spawn, wait_port_free
+from tuner.host.children import free_port, group_alive, port_is_free, reap, spawn, wait_port_free
 
 STUBBORN = (
     "import signal, subprocess, sys, time\n"

@@ -11,7 +11,7 @@ import pytest
 
 from tests.fakes.quality_items import item, out, run
 from tuner.config import ParamSpec, SloConfig
-from tuner.measurement import measure
+from tuner.measurement.stats import measure
 from tuner.quality import (
     FORMAT_CHECKS,
     QualityConfig,

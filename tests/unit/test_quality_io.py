@@ -12,7 +12,7 @@ import pytest
 
 from tests.fakes.quality_items import item, out, run
 from tuner.errors import ArtifactError, ConfigError
-from tuner.loadgen.base import Target
+from tuner.loadgen.generator import Target
 from tuner.quality import (
     DEFAULT_SET,
     QualityConfig,
@@ -24,8 +24,8 @@ from tuner.quality import (
     run_quality_set,
     score,
 )
+from tuner.quality.collect import SKIPPED, parse_response, request_body
 from tuner.quality.items import parse_item
-from tuner.quality.runner import SKIPPED, parse_response, request_body
 
 # -- parsing a quality set ---------------------------------------------------------------
 

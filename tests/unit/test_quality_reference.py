@@ -20,13 +20,13 @@ import pytest
 from tests.fakes.grid_table import DEFAULTS, GROUPS, PARAMS, load_replay, write_table
 from tests.fakes.quality_items import out, run
 from tuner.config import TunerConfig
-from tuner.launch import LaunchSpec
-from tuner.outcome import TrialOutcome
 from tuner.paths import TrialPaths
 from tuner.quality import load_items
 from tuner.schema import Role, TrialAttr, stage_study
+from tuner.search.launch import LaunchSpec
 from tuner.study.evaluation import Evaluator
 from tuner.study.runner import StudyRunner
+from tuner.trial.outcome import TrialOutcome
 
 GATED = "first"
 

@@ -9,7 +9,7 @@ import pytest
 from tuner.config import ServerConfig
 from tuner.errors import PreflightError
 from tuner.server import LaunchSpec, make_backend
-from tuner.server import base as b
+from tuner.server import backend as b
 from tuner.server.vllm import (
     args_to_argv,
     classify_failure,

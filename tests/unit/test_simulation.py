@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tuner.simulation import nvml
+from tuner.simulation import fake_nvml
 from tuner.simulation.engine import Engine, Sequence
 from tuner.simulation.physics import Launch, Physics, batch_grid
 
@@ -105,20 +105,22 @@ def test_the_table_grid_covers_max_num_seqs() -> None:
 def test_simulated_devices_are_busy_only_while_their_server_lives(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv(nvml.STATE_ENV, str(tmp_path))
-    monkeypatch.setenv(nvml.SYSTEM_ENV, "h200_sxm")
-    nvml.write_state(3, 80.0, 1000.0, os.getpid())
-    assert nvml.nvmlDeviceGetUtilizationRates(3).gpu == 80
-    assert nvml.nvmlDeviceGetUtilizationRates(2).gpu == 0
-    assert "H200" in nvml.nvmlDeviceGetName(3) and "simulated" in nvml.nvmlDeviceGetName(3)
-    nvml.write_state(4, 80.0, 1000.0, 2**22 + 12345)  # a pid that cannot be alive
-    assert nvml.nvmlDeviceGetUtilizationRates(4).gpu == 0
-    first = nvml.nvmlDeviceGetTotalEnergyConsumption(3)
-    assert nvml.nvmlDeviceGetTotalEnergyConsumption(3) >= first
-    nvml.clear_state(3, os.getpid())
-    assert nvml.nvmlDeviceGetUtilizationRates(3).gpu == 0
-    with pytest.raises(nvml.NVMLError):
-        nvml.nvmlDeviceGetHandleByIndex(8)
+    monkeypatch.setenv(fake_nvml.STATE_ENV, str(tmp_path))
+    monkeypatch.setenv(fake_nvml.SYSTEM_ENV, "h200_sxm")
+    fake_nvml.write_state(3, 80.0, 1000.0, os.getpid())
+    assert fake_nvml.nvmlDeviceGetUtilizationRates(3).gpu == 80
+    assert fake_nvml.nvmlDeviceGetUtilizationRates(2).gpu == 0
+    assert "H200" in fake_nvml.nvmlDeviceGetName(3) and "simulated" in fake_nvml.nvmlDeviceGetName(
+        3
+    )
+    fake_nvml.write_state(4, 80.0, 1000.0, 2**22 + 12345)  # a pid that cannot be alive
+    assert fake_nvml.nvmlDeviceGetUtilizationRates(4).gpu == 0
+    first = fake_nvml.nvmlDeviceGetTotalEnergyConsumption(3)
+    assert fake_nvml.nvmlDeviceGetTotalEnergyConsumption(3) >= first
+    fake_nvml.clear_state(3, os.getpid())
+    assert fake_nvml.nvmlDeviceGetUtilizationRates(3).gpu == 0
+    with pytest.raises(fake_nvml.NVMLError):
+        fake_nvml.nvmlDeviceGetHandleByIndex(8)
 
 
 def test_a_prefill_costs_its_tokens_whatever_runs_beside_it() -> None:

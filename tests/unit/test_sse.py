@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import pytest
 
 from tuner.loadgen.sse import is_token_event, read_stream
-from tuner.records import RequestRecord
+from tuner.measurement.records import RequestRecord
 
 
 def _rec() -> RequestRecord:

@@ -11,7 +11,7 @@ import pytest
 
 from tuner.config.workload import PrefixConfig, TraceConfig, WorkloadConfig
 from tuner.errors import ConfigError
-from tuner.loadgen import workload as wl
+from tuner.loadgen import request_plan as wl
 from tuner.traffic.trace import SPECIAL_TOKENS_RESERVE
 
 SAMPLE = str(

@@ -10,11 +10,11 @@ from pathlib import Path
 
 from tuner.config import TunerConfig
 from tuner.executor import Demand, TrialDevices, demand_of
-from tuner.executor.base import node_share
 from tuner.executor.cores import CoreLedger, TrialCores
+from tuner.executor.protocol import node_share
 from tuner.executor.remote import on_devices
 from tuner.host.placement import Placement, plan
-from tuner.launch import LaunchSpec
+from tuner.search.launch import LaunchSpec
 
 NODE = Demand(gpus=8, cpus=32)  # a declared node: 8 GPUs, 32 cores
 

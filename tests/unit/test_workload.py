@@ -13,7 +13,7 @@ import pytest
 from tests.fakes import make_tiny_tokenizer
 from tuner.config.workload import LengthDist, RequestClass, WorkloadConfig
 from tuner.errors import ConfigError
-from tuner.loadgen import workload as wl
+from tuner.loadgen import request_plan as wl
 
 
 @pytest.fixture(scope="module")
@@ -310,7 +310,7 @@ def test_unreadable_tokenizer_raises_config_error(tmp_path: Path) -> None:
 def test_the_plan_is_built_ahead_while_the_server_starts(tok_dir: Path) -> None:
     """run_trial's planner thread leaves the plan in the cache the load phase reads."""
     from tuner.config import TunerConfig
-    from tuner.trial import _plan_ahead
+    from tuner.trial.run import _plan_ahead
 
     config, tok = TunerConfig(), str(tok_dir)
     config.server.model = tok

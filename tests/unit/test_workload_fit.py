@@ -17,7 +17,7 @@ from omegaconf import OmegaConf
 
 from tuner.cli import main
 from tuner.config.workload import WorkloadConfig
-from tuner.loadgen.workload import sample_lengths
+from tuner.loadgen.request_plan import sample_lengths
 from tuner.traffic.fit import gaps_cv, ks_distance
 from tuner.traffic.trace import read_trace
 

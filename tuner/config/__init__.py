@@ -75,7 +75,8 @@ class ServerConfig:
 
     @property
     def starts_from_today(self) -> bool:
-        """The fixed args come from a deployment's command or config file (tuner.server.command)."""
+        """The fixed args come from a deployment's command or config file
+        (tuner.server.from_command)."""
         return bool(self.from_command or self.from_config)
 
     def _validate_sources(self) -> None:

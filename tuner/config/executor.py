@@ -25,7 +25,7 @@ class RayConfig:
     num_cpus: int = 0
     num_gpus: int = 0
     # Cores one trial holds on its node, exactly (0: sized by the trial, see
-    # tuner.executor.base.demand_of): one per load-generator process, plus a CPU server's ranks,
+    # tuner.executor.protocol.demand_of): one per load-generator process, plus a CPU server's ranks,
     # or a GPU server's API process and one per GPU worker, and at least cpus_per_gpu per GPU.
     cpus_per_trial: int = 0
     # A GPU trial's cores per GPU: 0 = the node's CPUs over its GPUs (the least of the

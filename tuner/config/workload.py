@@ -2,7 +2,7 @@
 distributions, closed- or open-loop arrivals, warm-up and measurement window.
 
 Part of the typed configuration (:mod:`tuner.config` re-exports these classes);
-:mod:`tuner.loadgen.workload` turns a :class:`WorkloadConfig` into a seeded request plan.
+:mod:`tuner.loadgen.request_plan` turns a :class:`WorkloadConfig` into a seeded request plan.
 """
 
 from __future__ import annotations

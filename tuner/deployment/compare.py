@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from tuner.config import TunerConfig, check_http_url
-from tuner.deployment.check_measure import (
+from tuner.deployment.check.endpoint import (
     Endpoint,
     Say,
     Scoring,
@@ -39,7 +39,7 @@ from tuner.deployment.check_measure import (
 )
 from tuner.deployment.junit import Case, junit_xml, write_text
 from tuner.errors import ConfigError
-from tuner.measurement import Measurements
+from tuner.measurement.stats import Measurements
 from tuner.redact import Redactor
 from tuner.scoring.objective import ObjectiveContext
 from tuner.search.checks import devices_needed

@@ -1,4 +1,4 @@
-"""Where trials run: the executor seam (:mod:`tuner.executor.base`) and its implementations.
+"""Where trials run: the executor seam (:mod:`tuner.executor.protocol`) and its implementations.
 
 ``local`` (:mod:`tuner.executor.local`) runs one trial at a time in the driver; ``ray``
 (:mod:`tuner.executor.ray_executor`) runs several at once on a Ray cluster, each on devices of
@@ -7,7 +7,7 @@ executor, when it is used.
 """
 
 from tuner.executor import local, ray_executor
-from tuner.executor.base import (
+from tuner.executor.protocol import (
     DEVICES_ATTR,
     EXECUTORS,
     REASON_EXECUTOR_LOST,

@@ -16,7 +16,7 @@ from typing import Any
 
 from tuner.config.executor import RayConfig
 from tuner.errors import ConfigError
-from tuner.executor.base import Demand
+from tuner.executor.protocol import Demand
 
 # Ray replaces 127.0.0.1 by the host's routable address unless clusters of several hosts are
 # switched off (its own switch, named for the platforms where they are off by default). A local

@@ -11,7 +11,7 @@ from collections import deque
 
 from tuner.config import TunerConfig
 from tuner.errors import ConfigError
-from tuner.executor.base import (
+from tuner.executor.protocol import (
     Demand,
     Say,
     TrialDevices,

@@ -21,7 +21,8 @@ from typing import Any
 
 from tuner.config import TunerConfig
 from tuner.errors import ConfigError, TunerError
-from tuner.executor.base import (
+from tuner.executor.cluster import RayCluster, connect
+from tuner.executor.protocol import (
     REASON_EXECUTOR_LOST,
     Demand,
     Say,
@@ -34,12 +35,11 @@ from tuner.executor.base import (
     node_share,
     register_executor,
 )
-from tuner.executor.capacity import resolve_slots, study_demands
-from tuner.executor.cluster import RayCluster, connect
 from tuner.executor.remote import Shipped, run_remote
-from tuner.outcome import TrialOutcome
+from tuner.executor.sizing import resolve_slots, study_demands
 from tuner.paths import TrialPaths
 from tuner.schema import TrialStatus
+from tuner.trial.outcome import TrialOutcome
 
 POLL_S = 0.25  # how often the driver looks at progress lines while it waits
 CANCEL_GRACE_S = 30.0  # a cancelled trial stops its server and load first; then killed

@@ -24,12 +24,12 @@ from pathlib import Path
 from typing import Any
 
 from tuner.config import PlacementConfig, TunerConfig
-from tuner.executor.base import TrialDevices, TrialFn, TrialJob, TrialResult
 from tuner.executor.cores import CoreLedger, TrialCores, rebind
 from tuner.executor.guard import SCRATCH_PREFIX, TRIAL_DIR_ENV
+from tuner.executor.protocol import TrialDevices, TrialFn, TrialJob, TrialResult
 from tuner.host.placement import AUTO, OMP_BIND_ENV, Placement
-from tuner.launch import LaunchSpec
 from tuner.paths import TrialPaths
+from tuner.search.launch import LaunchSpec
 
 MAX_FILE_BYTES = 256 * 1024 * 1024  # a larger file stays behind (named in the outcome)
 # Run as a script: it needs psutil only, and tuner's package imports would cost it a second

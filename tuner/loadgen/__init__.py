@@ -2,10 +2,11 @@
 
 ``get_load_generator("locust")`` is the implementation trials use: Locust, headless, in its own
 subprocess (see :mod:`tuner.loadgen.locust`), replaying a seeded plan from
-:mod:`tuner.loadgen.workload` and writing raw :class:`~tuner.records.RequestRecord` lines.
+:mod:`tuner.loadgen.request_plan` and writing raw
+:class:`~tuner.measurement.records.RequestRecord` lines.
 """
 
-from tuner.loadgen.base import (
+from tuner.loadgen.generator import (
     LOAD_GENERATORS,
     LoadGenerator,
     LoadResult,
@@ -14,7 +15,7 @@ from tuner.loadgen.base import (
     register_load_generator,
 )
 from tuner.loadgen.locust import LocustLoadGenerator
-from tuner.loadgen.workload import PlannedRequest, arrival_gaps, build_plan
+from tuner.loadgen.request_plan import PlannedRequest, arrival_gaps, build_plan
 
 __all__ = [
     "LOAD_GENERATORS",

@@ -23,10 +23,16 @@ from typing import Any
 
 from tuner.config.workload import WorkloadConfig
 from tuner.errors import ArtifactError, LoadGenError
-from tuner.host.process import reap, spawn
-from tuner.loadgen.base import LoadResult, Target, register_load_generator
-from tuner.loadgen.workload import PlannedRequest, build_plan, write_plan
-from tuner.records import PHASE_MEASURE, PHASE_WARMUP, RequestRecord, read_records, write_records
+from tuner.host.children import reap, spawn
+from tuner.loadgen.generator import LoadResult, Target, register_load_generator
+from tuner.loadgen.request_plan import PlannedRequest, build_plan, write_plan
+from tuner.measurement.records import (
+    PHASE_MEASURE,
+    PHASE_WARMUP,
+    RequestRecord,
+    read_records,
+    write_records,
+)
 
 LOCUSTFILE = Path(__file__).with_name("locustfile.py")
 RECORDS_PREFIX = "records"  # per process: records-<pid>.jsonl and records-<pid>.run.json

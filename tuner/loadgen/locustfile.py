@@ -1,10 +1,11 @@
 """The Locust file that tuner runs in its own subprocess (see tuner.loadgen.locust).
 
 Settings come from the JSON file named by ``TUNER_LOADGEN_SPEC``; the prompts from the plan
-file it names. Every request is written as one raw record (tuner.records) to a per-process JSONL
-file, flushed line by line; all statistics are computed from those, never from Locust's own,
-which bucket response times and mix failures into percentiles. Locust's CSV/HTML stay meaningful
-as human artifacts because each request's response time is set to our E2E latency.
+file it names. Every request is written as one raw record (tuner.measurement.records) to a
+per-process JSONL file, flushed line by line; all statistics are computed from those, never
+from Locust's own, which bucket response times and mix failures into percentiles. Locust's
+CSV/HTML stay meaningful as human artifacts because each request's response time is set to our
+E2E latency.
 
 Timeline of one process: t0 (test start) → warm-up (``warmup_s``) → window (``window_s``, or until
 ``max_requests`` measured requests have started) → stop issuing → drain (requests already
@@ -41,8 +42,8 @@ from locust.runners import MasterRunner, WorkerRunner
 from requests.adapters import HTTPAdapter
 
 from tuner.loadgen.request import consume, fail, prepare
-from tuner.loadgen.workload import arrival_gaps
-from tuner.records import (
+from tuner.loadgen.request_plan import arrival_gaps
+from tuner.measurement.records import (
     ERROR_CONNECTION,
     ERROR_STREAM,
     ERROR_TIMEOUT,

@@ -33,11 +33,11 @@ import psutil
 
 from tuner.config.workload import LengthDist, RequestClass, WorkloadConfig
 from tuner.errors import LoadGenError
-from tuner.loadgen.base import Target
+from tuner.loadgen.generator import Target
 from tuner.loadgen.locust import LocustLoadGenerator
-from tuner.loadgen.workload import PlannedRequest, plan_size
-from tuner.measurement import event_rate
-from tuner.records import read_records
+from tuner.loadgen.request_plan import PlannedRequest, plan_size
+from tuner.measurement.records import read_records
+from tuner.measurement.stats import event_rate
 
 
 @dataclass(frozen=True)

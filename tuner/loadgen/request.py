@@ -14,7 +14,7 @@ import requests
 from urllib3.exceptions import ReadTimeoutError
 
 from tuner.loadgen.sse import ERROR_TEXT_MAX, read_stream
-from tuner.records import ERROR_HTTP, ERROR_STREAM, ERROR_TIMEOUT, RequestRecord
+from tuner.measurement.records import ERROR_HTTP, ERROR_STREAM, ERROR_TIMEOUT, RequestRecord
 
 # What a broken or malformed answer raises while we read it (bad JSON, odd shapes, cut streams).
 MALFORMED = (requests.exceptions.RequestException, ValueError, TypeError, KeyError, AttributeError)

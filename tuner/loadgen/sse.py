@@ -12,7 +12,7 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
-from tuner.records import RequestRecord
+from tuner.measurement.records import RequestRecord
 
 ERROR_TEXT_MAX = 500
 

@@ -11,9 +11,9 @@ from __future__ import annotations
 from dataclasses import replace
 
 from tuner.errors import ConfigError
-from tuner.plan.command import Planner
 from tuner.plan.demand import too_many_gpus
 from tuner.plan.estimate import Fit, PlanPoint
+from tuner.plan.planner import Planner
 
 FP8 = "fp8"  # the precision a user tries next: vLLM quantizes bf16 weights to it on load
 MAX_TP_UNKNOWN_HOST = 8  # TP sizes tried when the host's GPUs are not known: one 8-GPU node

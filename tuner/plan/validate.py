@@ -18,7 +18,7 @@ from typing import Any
 
 from tuner.config import ServerConfig
 from tuner.errors import PreflightError
-from tuner.launch import LaunchSpec
+from tuner.search.launch import LaunchSpec
 from tuner.server import make_backend
 from tuner.server.vllm_parser import ConfigProblem, ConfigRejection, ConfigWorker, config_worker
 

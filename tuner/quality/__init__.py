@@ -22,6 +22,7 @@ its tolerance.
 """
 
 from tuner.config import QualityConfig
+from tuner.quality.collect import OUTPUTS_FILE, QualityOutput, QualityOutputs, run_quality_set
 from tuner.quality.items import (
     DEFAULT_SET,
     FORMAT_CHECKS,
@@ -40,7 +41,6 @@ from tuner.quality.result import (
     quality_attrs,
     quality_line,
 )
-from tuner.quality.runner import OUTPUTS_FILE, QualityOutput, QualityOutputs, run_quality_set
 from tuner.quality.score import (
     agreement,
     attach_quality,

@@ -27,6 +27,7 @@ import numpy as np
 
 from tuner.config import ParamSpec, QualityConfig
 from tuner.errors import ArtifactError, ConfigError
+from tuner.quality.collect import QualityOutput, QualityOutputs
 from tuner.quality.items import QualityItem, format_ok, is_correct, load_items
 from tuner.quality.result import (
     AGREEMENT_METRICS,
@@ -35,7 +36,6 @@ from tuner.quality.result import (
     QualityResult,
     QualityScores,
 )
-from tuner.quality.runner import QualityOutput, QualityOutputs
 
 
 def agreement(a: Sequence[int] | np.ndarray, b: Sequence[int] | np.ndarray) -> tuple[float, float]:

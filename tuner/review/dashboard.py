@@ -19,7 +19,7 @@ from pathlib import Path
 import requests
 
 from tuner.errors import ConfigError, TunerError
-from tuner.host.process import free_port, port_is_free, reap
+from tuner.host.children import free_port, port_is_free, reap
 from tuner.review.artifacts import (
     artifact_store,
     has_artifacts,

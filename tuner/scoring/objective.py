@@ -39,7 +39,7 @@ from typing import ClassVar, Literal, TypeVar
 
 from tuner.config import CostConfig, ObjectivesConfig, SloConfig
 from tuner.errors import ConfigError
-from tuner.measurement import Measurements
+from tuner.measurement.stats import Measurements
 from tuner.scoring.feasibility import meets
 
 # Literal, so that a list of directions goes to optuna.create_study as it is typed there.

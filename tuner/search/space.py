@@ -30,7 +30,7 @@ from optuna.distributions import (
 
 from tuner.config import ParamSpec, ServerConfig, param_spec
 from tuner.errors import ConfigError
-from tuner.launch import LaunchSpec
+from tuner.search.launch import LaunchSpec
 
 SpecLike = ParamSpec | Mapping[str, Any]
 Space = dict[str, dict[str, ParamSpec]]

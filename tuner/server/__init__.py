@@ -3,7 +3,7 @@
 from tuner.server import external as _external  # noqa: F401  (registers "external")
 from tuner.server import simulated as _simulated  # noqa: F401  (registers "simulated_gpu")
 from tuner.server import vllm as _vllm  # noqa: F401  (registers the "vllm" backend)
-from tuner.server.base import (
+from tuner.server.backend import (
     SERVER_BACKENDS,
     LaunchSpec,
     ServerBackend,

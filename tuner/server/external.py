@@ -1,4 +1,4 @@
-"""A running endpoint as a :class:`~tuner.server.base.ServerBackend` (``server=external``).
+"""A running endpoint as a :class:`~tuner.server.backend.ServerBackend` (``server=external``).
 
 `tuner trial server=external server.url=...` measures a server that tuner does not own, through
 the same trial as a vLLM it launches: same load generator, same measurement. Nothing is started,
@@ -23,8 +23,8 @@ import requests
 
 from tuner.config import ServerConfig, check_http_url
 from tuner.errors import PreflightError, ServerDiedError, ServerStartError
-from tuner.server import base
-from tuner.server.base import LaunchSpec, ServerInfo
+from tuner.server import backend
+from tuner.server.backend import LaunchSpec, ServerInfo
 
 API_KEY_ENV = "VLLM_API_KEY"
 REASON_UNAUTHORIZED = "unauthorized"
@@ -127,7 +127,7 @@ class ExternalServer:
                 raise ServerStartError(
                     f"{self.base_url} did not answer within {self.config.startup_timeout_s:.0f} s "
                     f"({last})",
-                    reason=base.REASON_STARTUP_TIMEOUT,
+                    reason=backend.REASON_STARTUP_TIMEOUT,
                     hint="check server.url and that the endpoint is up",
                 )
             time.sleep(1.0)
@@ -153,7 +153,7 @@ class ExternalServer:
             raise ServerStartError(
                 f"{self.base_url} serves {', '.join(names) or 'no model'}; a one-token "
                 f"completion of {self.model_name!r} got HTTP {status}",
-                reason=base.REASON_INVALID_ARGUMENT,
+                reason=backend.REASON_INVALID_ARGUMENT,
                 hint="set server.served_model_name to the name it serves "
                 "(server.model stays the local folder of its tokenizer)",
             )
@@ -182,7 +182,7 @@ class ExternalServer:
         except requests.ConnectionError as exc:
             raise ServerDiedError(
                 f"{self.base_url} stopped answering ({type(exc).__name__})",
-                reason=base.REASON_DIED_DURING_LOAD,
+                reason=backend.REASON_DIED_DURING_LOAD,
             ) from None
         except requests.RequestException:
             return  # slow under load is not gone
@@ -203,4 +203,4 @@ class ExternalServer:
         self.stop()
 
 
-base.register_backend("external", ExternalServer)
+backend.register_backend("external", ExternalServer)

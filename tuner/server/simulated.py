@@ -17,11 +17,11 @@ from typing import Any
 
 from tuner.config import ServerConfig
 from tuner.errors import ConfigError, PreflightError
-from tuner.server import base
+from tuner.server import backend
 from tuner.server.vllm import VllmServer, log_tail
 
 NVML_MODULE_ENV = "TUNER_NVML_MODULE"
-SIMULATED_NVML = "tuner.simulation.nvml"
+SIMULATED_NVML = "tuner.simulation.fake_nvml"
 SYSTEM_ENV = "TUNER_SIM_SYSTEM"
 COUNT_ENV = "TUNER_SIM_GPUS"
 TIME_SCALE_ENV = "TUNER_SIM_TIME_SCALE"  # tuner.simulation.__main__ reads it
@@ -80,7 +80,7 @@ class SimulatedGpuServer(VllmServer):
                 hint="set server.args.tokenizer to a local model or tokenizer folder",
             )
 
-    def _info(self) -> base.ServerInfo:
+    def _info(self) -> backend.ServerInfo:
         info = super()._info()
         scale = float(self.config.env.get(TIME_SCALE_ENV) or 1)
         stretched = f" x{scale:g}" if scale != 1 else ""
@@ -90,4 +90,4 @@ class SimulatedGpuServer(VllmServer):
         return info
 
 
-base.register_backend("simulated_gpu", SimulatedGpuServer, host=prepare_host)
+backend.register_backend("simulated_gpu", SimulatedGpuServer, host=prepare_host)

@@ -1,4 +1,4 @@
-"""vLLM's OpenAI-compatible server as a :class:`~tuner.server.base.ServerBackend`.
+"""vLLM's OpenAI-compatible server as a :class:`~tuner.server.backend.ServerBackend`.
 
 The only module that knows vLLM's flags, log lines and environment variables.
 """
@@ -20,9 +20,9 @@ import requests
 
 from tuner.config import ServerConfig
 from tuner.errors import PreflightError, ServerDiedError, ServerError, ServerStartError
-from tuner.host.process import free_port, port_is_free, reap, spawn, wait_port_free
-from tuner.server import amx, base
-from tuner.server.base import LaunchSpec, ServerInfo
+from tuner.host.children import free_port, port_is_free, reap, spawn, wait_port_free
+from tuner.server import amx, backend
+from tuner.server.backend import LaunchSpec, ServerInfo
 from tuner.server.vllm_parser import vllm_version
 
 # Log patterns -> failure reason, first match wins; OOM before engine-init because an OOM
@@ -30,12 +30,12 @@ from tuner.server.vllm_parser import vllm_version
 FAILURE_PATTERNS: list[tuple[str, re.Pattern[str]]] = [
     # A worker killed by SIGILL (-4): the engine then also reports an init failure.
     (
-        base.REASON_ILLEGAL_INSTRUCTION,
+        backend.REASON_ILLEGAL_INSTRUCTION,
         re.compile(r"Fatal Python error: Illegal instruction|died unexpectedly \(exit code: -4\)"),
     ),
-    (base.REASON_PORT_IN_USE, re.compile(r"Address already in use|address already in use")),
+    (backend.REASON_PORT_IN_USE, re.compile(r"Address already in use|address already in use")),
     (
-        base.REASON_OOM,
+        backend.REASON_OOM,
         re.compile(
             r"out of memory|OutOfMemoryError|No available memory for the cache blocks|"
             r"larger than the available KV cache|Insufficient memory|not enough KV cache",
@@ -43,13 +43,13 @@ FAILURE_PATTERNS: list[tuple[str, re.Pattern[str]]] = [
         ),
     ),
     (
-        base.REASON_INVALID_ARGUMENT,
+        backend.REASON_INVALID_ARGUMENT,
         re.compile(
             r"error: argument|error: unrecognized arguments|invalid choice|"
             r"ValidationError|Value error,|ValueError:|is not supported|NotImplementedError"
         ),
     ),
-    (base.REASON_ENGINE_INIT, re.compile(r"Engine core initialization failed")),
+    (backend.REASON_ENGINE_INIT, re.compile(r"Engine core initialization failed")),
 ]
 KV_TOKENS_RE = re.compile(r"(?:CPU|GPU) KV cache size:\s*([\d,]+)\s*tokens")
 MAX_CONCURRENCY_RE = re.compile(r"Maximum concurrency for [\d,]+ tokens per request:\s*([\d.]+)x")
@@ -124,7 +124,7 @@ def classify_failure(log_text: str) -> str:
     for reason, pattern in FAILURE_PATTERNS:
         if pattern.search(log_text):
             return reason
-    return base.REASON_OTHER
+    return backend.REASON_OTHER
 
 
 def _is_cached_hub_model(model: str) -> bool:
@@ -242,7 +242,7 @@ class VllmServer:
         except OSError as exc:
             raise ServerStartError(
                 f"cannot run {self.argv()[0]}: {exc.strerror}",
-                reason=base.REASON_OTHER,
+                reason=backend.REASON_OTHER,
                 hint="check server.python / server.launcher",
             ) from exc
 
@@ -255,7 +255,7 @@ class VllmServer:
             if time.monotonic() >= deadline:
                 raise ServerStartError(
                     f"vLLM did not become ready within {self.config.startup_timeout_s:.0f} s",
-                    reason=base.REASON_STARTUP_TIMEOUT,
+                    reason=backend.REASON_STARTUP_TIMEOUT,
                     log_tail=log_tail(self.log_path),
                     hint="raise server.startup_timeout_s or look at server.log",
                 )
@@ -269,10 +269,10 @@ class VllmServer:
             return
         full = log_tail(self.log_path, lines=5000)
         tail = "\n".join(without_usage(full).splitlines()[-LOG_TAIL_LINES:])
-        reason = base.REASON_DIED_DURING_LOAD if during == "load" else classify_failure(full)
+        reason = backend.REASON_DIED_DURING_LOAD if during == "load" else classify_failure(full)
         cause = root_cause(full)
         hint = f"see {self.log_path}"
-        if reason == base.REASON_ILLEGAL_INSTRUCTION:
+        if reason == backend.REASON_ILLEGAL_INSTRUCTION:
             cause = "a server process was killed by SIGILL"
             hint += "; the build uses an instruction this CPU or its hypervisor does not allow"
         raise error(
@@ -340,4 +340,4 @@ class VllmServer:
         self.stop()
 
 
-base.register_backend("vllm", VllmServer)
+backend.register_backend("vllm", VllmServer)

@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from tuner.errors import ConfigError, PreflightError
-from tuner.host.process import reap
+from tuner.host.children import reap
 
 WORKER = Path(__file__).with_name("_vllm_argparse.py")
 MARKER = "@@tuner-vllm-argparse@@"  # must match _vllm_argparse.MARKER

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from tuner.simulation import nvml
+from tuner.simulation import fake_nvml
 
 TIME_SCALE_ENV = "TUNER_SIM_TIME_SCALE"
 STARTUP_SCALE_ENV = "TUNER_SIM_STARTUP_SCALE"
@@ -47,10 +47,12 @@ def visible_devices() -> list[int]:
     """The device indices this server was given (indices or the simulated UUIDs)."""
     raw = os.environ.get("CUDA_VISIBLE_DEVICES")
     if raw is None:
-        return list(range(nvml.nvmlDeviceGetCount()))
+        return list(range(fake_nvml.nvmlDeviceGetCount()))
     found = []
     for part in filter(None, (p.strip() for p in raw.split(","))):
-        found.append(nvml.nvmlDeviceGetHandleByUUID(part) if part.startswith("GPU-") else int(part))
+        found.append(
+            fake_nvml.nvmlDeviceGetHandleByUUID(part) if part.startswith("GPU-") else int(part)
+        )
     return found
 
 
@@ -74,7 +76,7 @@ def fail(lines: list[str]) -> None:
 
 
 def main(argv: list[str]) -> None:
-    system = nvml.system()
+    system = fake_nvml.system()
     time_scale = float(os.environ.get(TIME_SCALE_ENV, "1"))
     startup_scale = float(os.environ.get(STARTUP_SCALE_ENV, "1"))
     devices = visible_devices()

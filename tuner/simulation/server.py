@@ -19,9 +19,9 @@ from typing import Any
 
 from aiohttp import web
 
-from tuner.simulation import nvml
+from tuner.simulation import fake_nvml
 from tuner.simulation.engine import Engine, Sequence, Step
-from tuner.simulation.metrics import SimMetrics
+from tuner.simulation.exposition import SimMetrics
 from tuner.simulation.physics import Physics
 
 STATE_EVERY_S = 0.5  # how often the fake NVML readings are refreshed
@@ -89,18 +89,18 @@ class SimServer:
         pid, last_busy, last_t = os.getpid(), 0.0, time.monotonic()
         # vLLM takes its share of each GPU at start-up (weights, then KV cache up to
         # gpu_memory_utilization): memory in use does not follow the load.
-        mem = nvml.memory_mib(self.physics.system) * self.physics.launch.gpu_memory_utilization
+        mem = fake_nvml.memory_mib(self.physics.system) * self.physics.launch.gpu_memory_utilization
         while True:
             now = time.monotonic()
             util = min(100.0, 100.0 * (self.busy_s - last_busy) / max(now - last_t, 1e-6))
             last_busy, last_t = self.busy_s, now
             for index in self.devices:
-                nvml.write_state(index, util, mem, pid)
+                fake_nvml.write_state(index, util, mem, pid)
             await asyncio.sleep(STATE_EVERY_S)
 
     def clear_state(self) -> None:
         for index in self.devices:
-            nvml.clear_state(index, os.getpid())
+            fake_nvml.clear_state(index, os.getpid())
 
     # ---------------------------------------------------------------- requests
     def submit(self, prompt_tokens: int, max_tokens: int) -> Flight:

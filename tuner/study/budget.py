@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from tuner.config import StudyConfig
-from tuner.server.base import ServerInfo
+from tuner.server.backend import ServerInfo
 
 
 @dataclass

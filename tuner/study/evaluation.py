@@ -1,6 +1,6 @@
 """A trial outcome, seen through the study's objectives and constraints.
 
-Bridges :mod:`tuner.trial` (what was measured) and :mod:`tuner.scoring.objective` (what is
+Bridges :mod:`tuner.trial.run` (what was measured) and :mod:`tuner.scoring.objective` (what is
 optimised): builds the :class:`~tuner.scoring.objective.ObjectiveContext` (prices, SLOs, devices
 used, energy), evaluates, and lays the result out as Optuna user attrs that optuna-dashboard
 shows as they are.
@@ -17,13 +17,13 @@ import optuna
 
 from tuner.config import TunerConfig
 from tuner.host.placement import cpus_text
-from tuner.outcome import TrialOutcome
 from tuner.quality import context_excess, quality_attrs
 from tuner.schema import TrialAttr, TrialStatus, metric_attr
 from tuner.scoring import objective as obj
 from tuner.scoring.feasibility import meets
 from tuner.search.checks import devices_needed
 from tuner.server import LaunchSpec
+from tuner.trial.outcome import TrialOutcome
 
 SIDES = ("server", "client")
 

@@ -24,11 +24,11 @@ from optuna.trial import TrialState
 from tuner.config import TunerConfig
 from tuner.errors import StudyFailedError
 from tuner.executor import DEVICES_ATTR, Executor, TrialJob, TrialResult, demand_of
-from tuner.launch import LaunchSpec
-from tuner.loadgen import capacity as client_capacity
+from tuner.loadgen import client_capacity
 from tuner.paths import StudyPaths
 from tuner.schema import TrialAttr, TrialStatus
 from tuner.search import space as search_space
+from tuner.search.launch import LaunchSpec
 from tuner.study.evaluation import Evaluated
 from tuner.study.storage import Heartbeat, trial_id
 

@@ -24,12 +24,12 @@ from optuna.trial import TrialState
 
 from tuner.errors import StudyFailedError
 from tuner.executor import REASON_EXECUTOR_LOST, TrialResult, demand_of
-from tuner.outcome import TrialOutcome
 from tuner.schema import Role, TrialAttr, TrialStatus
 from tuner.search import space as search_space
 from tuner.study.evaluation import Evaluated
 from tuner.study.flights import Flight, Flights, Want, record_lost
 from tuner.study.stages import Incumbent, Stage, launched_trials, measured_point, point_key
+from tuner.trial.outcome import TrialOutcome
 
 
 class StageHost(Protocol):

@@ -29,17 +29,16 @@ from optuna.trial import TrialState
 
 from tuner.config import TunerConfig
 from tuner.errors import TunerError
-from tuner.launch import LaunchSpec
-from tuner.outcome import REASON_INVALID_CONFIG, REASON_SCREENED, TrialOutcome
 from tuner.plan.baseline import baseline_fit
-from tuner.plan.command import Planner
 from tuner.plan.demand import over_host
 from tuner.plan.estimate import PointEstimate
-from tuner.plan.space import modelled
+from tuner.plan.planner import Planner
+from tuner.plan.points import modelled
 from tuner.plan.table import TTFT_SLOPE, Anchor, PlannedPoint, Scale
 from tuner.plan.validate import ConfigValidator, validates
 from tuner.schema import Role, TrialAttr, TrialStatus
 from tuner.search import space as search_space
+from tuner.search.launch import LaunchSpec
 from tuner.search.space import as_spec
 from tuner.study.evaluation import Evaluator
 from tuner.study.lead import lead_incumbent
@@ -51,6 +50,7 @@ from tuner.study.stages import (
     point_key,
     search_trials,
 )
+from tuner.trial.outcome import REASON_INVALID_CONFIG, REASON_SCREENED, TrialOutcome
 
 Progress = Callable[[str], None]
 MAX_ENQUEUED = 3  # of a stage's trials, at most this many come from the estimator

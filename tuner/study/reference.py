@@ -14,11 +14,11 @@ from typing import Any
 import optuna
 
 from tuner.config import TunerConfig
-from tuner.outcome import TrialOutcome
 from tuner.paths import StudyPaths
 from tuner.quality import QualityOutputs, attach_quality, gate_applies, quality_line
 from tuner.schema import Role, TrialAttr, confirm_label
 from tuner.study.stages import Stage
+from tuner.trial.outcome import TrialOutcome
 
 
 class QualityReference:

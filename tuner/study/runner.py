@@ -56,7 +56,7 @@ from tuner.study.stages import (
     tell_reused,
 )
 from tuner.study.storage import fail_unfinished_trials, open_storage
-from tuner.trial import run_trial
+from tuner.trial.run import run_trial
 
 Progress = Callable[[str], None]
 __all__ = ["Progress", "StudyRunner", "TrialFn"]  # TrialFn: the trial seam, tuner.executor's

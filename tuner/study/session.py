@@ -33,7 +33,7 @@ from tuner.study.runner import Progress, StudyRunner
 from tuner.study.stages import StudyResult, spec_text
 from tuner.study.storage import check_url
 from tuner.telemetry import gpu_inventory
-from tuner.trial import run_trial
+from tuner.trial.run import run_trial
 
 
 @dataclass

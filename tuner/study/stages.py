@@ -18,11 +18,11 @@ import optuna
 from optuna.trial import TrialState
 
 from tuner.config import ParamSpec, ServerConfig, TunerConfig
-from tuner.outcome import NOT_LAUNCHED
 from tuner.schema import REFINE, Role, TrialAttr, TrialStatus
 from tuner.scoring.feasibility import Edge, edges, mean_constraints, meets, violation
 from tuner.search import space as search_space
 from tuner.study.acceptance import Decision
+from tuner.trial.outcome import NOT_LAUNCHED
 
 
 @dataclass

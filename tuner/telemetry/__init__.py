@@ -27,7 +27,7 @@ from tuner.errors import ArtifactError
 from tuner.telemetry._base import PeriodicSampler, Window
 from tuner.telemetry.metrics import MetricsPoller, ScrapeError, parse_metrics, scrape
 from tuner.telemetry.nvml import NvmlSampler, gpu_count, gpu_inventory
-from tuner.telemetry.process import CLIENT, SERVER, ProcessSampler
+from tuner.telemetry.process_usage import CLIENT, SERVER, ProcessSampler
 
 __all__ = [
     "CSV_COLUMNS",

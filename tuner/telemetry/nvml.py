@@ -30,7 +30,7 @@ class _NvmlUnavailable(Exception):
     """NVML cannot be used here (no library, no driver, no GPU); never leaves this module."""
 
 
-# A module to use in place of pynvml: a simulated GPU host's devices (tuner.simulation.nvml),
+# A module to use in place of pynvml: a simulated GPU host's devices (tuner.simulation.fake_nvml),
 # named by the server backend's host set-up; the rest of this module cannot tell the difference.
 NVML_MODULE_ENV = "TUNER_NVML_MODULE"
 

@@ -26,7 +26,7 @@ _STREAM_PREFIX_CHOICE = 11
 
 
 class Synthesizer(Protocol):
-    """What :class:`tuner.loadgen.workload.PromptSynthesizer` offers: a tokenizer, its pool of
+    """What :class:`tuner.loadgen.request_plan.PromptSynthesizer` offers: a tokenizer, its pool of
     token ids that round-trip alone, a seeded generator, and prompts without a prefix."""
 
     tokenizer: Any

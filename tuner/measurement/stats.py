@@ -30,7 +30,7 @@ import numpy as np
 import pandas as pd
 
 from tuner.config import SloConfig
-from tuner.records import ERROR_KINDS, ERROR_STREAM, PHASE_MEASURE, RequestRecord
+from tuner.measurement.records import ERROR_KINDS, ERROR_STREAM, PHASE_MEASURE, RequestRecord
 
 # A distribution-free two-sided 95 % CI for P99 whose upper end is the sample maximum exists only
 # when 1 - 0.99**n >= 0.975, i.e. n >= 368.
@@ -124,7 +124,7 @@ class Measurements:
     warnings: list[str] = field(default_factory=list)
     # The load generator behind this window: its processes and the token events per second
     # they read (set by the trial; 0 where unknown). A window whose client could not keep up
-    # is measured again with more processes and never scored (tuner.loadgen.capacity).
+    # is measured again with more processes and never scored (tuner.loadgen.client_capacity).
     client_processes: int = 0
     client_events_s: float | None = None
 

@@ -1,6 +1,6 @@
 """What `tuner check` and `tuner compare` share: the endpoint, its key, and measured windows.
 
-A window is measured exactly as a trial measures one (tuner/trial.py): the Locust load generator
+A window is measured exactly as a trial measures one (tuner/trial/run.py): the Locust load generator
 drives the endpoint with the workload (warm-up, window, drain) and :func:`tuner.measurement.measure`
 summarises the requests of the window. Nothing is started or stopped: the endpoint is someone
 else's. The API key is read from an environment variable and only ever sent as a header.
@@ -26,8 +26,8 @@ from tuner.config import SloConfig, check_http_url
 from tuner.config.workload import WorkloadConfig
 from tuner.errors import ConfigError
 from tuner.loadgen import LocustLoadGenerator, Target
-from tuner.measurement import Measurements, measure
-from tuner.records import read_records
+from tuner.measurement.records import read_records
+from tuner.measurement.stats import Measurements, measure
 from tuner.scoring import objective as obj
 from tuner.scoring.feasibility import mean_constraints
 from tuner.server.external import base_url, completion_status, served_models

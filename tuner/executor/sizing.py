@@ -10,9 +10,9 @@ from collections.abc import Sequence
 
 from tuner.config import TunerConfig
 from tuner.errors import ConfigError
-from tuner.executor.base import Demand, demand_of
-from tuner.launch import LaunchSpec
+from tuner.executor.protocol import Demand, demand_of
 from tuner.search.checks import DEVICE_MULTIPLIERS
+from tuner.search.launch import LaunchSpec
 from tuner.search.space import choices_of
 
 AUTO = "auto"

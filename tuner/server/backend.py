@@ -15,7 +15,7 @@ from typing import Protocol
 
 from tuner.config import ServerConfig
 from tuner.errors import ConfigError
-from tuner.launch import LaunchSpec
+from tuner.search.launch import LaunchSpec
 
 # Failure reasons a trial can report (also stored in Optuna user attrs).
 REASON_OOM = "out_of_memory"

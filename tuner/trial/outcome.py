@@ -13,10 +13,10 @@ from pathlib import Path
 from typing import Any
 
 from tuner.errors import ArtifactError
-from tuner.launch import LaunchSpec
-from tuner.measurement import Measurements
+from tuner.measurement.stats import Measurements
 from tuner.quality import QualityResult
 from tuner.schema import TrialStatus
+from tuner.search.launch import LaunchSpec
 from tuner.server import ServerInfo
 from tuner.telemetry import TelemetrySummary
 

@@ -23,11 +23,11 @@ from typing import Any, Protocol
 
 from tuner.config import TunerConfig
 from tuner.errors import ConfigError
-from tuner.launch import LaunchSpec
-from tuner.outcome import TrialOutcome
 from tuner.paths import TrialPaths
 from tuner.schema import TrialAttr
 from tuner.search.checks import devices_needed
+from tuner.search.launch import LaunchSpec
+from tuner.trial.outcome import TrialOutcome
 
 REASON_EXECUTOR_LOST = "executor_lost"
 DEVICES_ATTR = TrialAttr.DEVICES  # a trial's user attr: where it ran (TrialDevices.to_attr)
@@ -36,7 +36,7 @@ Say = Callable[[str], None]
 
 
 class TrialFn(Protocol):
-    """How a study measures one configuration: :func:`tuner.trial.run_trial` (a real server and
+    """How a study measures one configuration: :func:`tuner.trial.run.run_trial` (a real server and
     real load), or a table lookup in the benchmarks' replays. It always returns an outcome: only
     an interrupt or a TunerError (a full disk) raises."""
 

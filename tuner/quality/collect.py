@@ -22,7 +22,7 @@ import requests
 
 from tuner.config import QualityConfig
 from tuner.errors import ArtifactError
-from tuner.loadgen.base import Target
+from tuner.loadgen.generator import Target
 from tuner.quality.items import APIS, QualityItem, load_items
 from tuner.quality.result import QualityResult
 

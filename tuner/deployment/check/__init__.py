@@ -2,7 +2,7 @@
 
 The post-release check a pipeline runs after each rollout step. It reads the ``evidence.json``
 that `tuner export` wrote, runs that evidence's workload against the endpoint through the same
-load generator and measurement as a trial (tuner/deployment/check_measure.py), starting nothing,
+load generator and measurement as a trial (tuner/deployment/check/endpoint.py), starting nothing,
 and judges each objective and SLO:
 
 - an objective *regressed* when the study's acceptance threshold (tuner/study/noise.py, the
@@ -38,7 +38,7 @@ from typing import Any
 import numpy as np
 
 from tuner.config import check_http_url
-from tuner.deployment.check_measure import (
+from tuner.deployment.check.endpoint import (
     Say,
     api_key_from,
     finite,
@@ -46,10 +46,10 @@ from tuner.deployment.check_measure import (
     open_endpoint,
     pooled_with,
 )
-from tuner.deployment.check_reference import Reference, read_reference, tokenizer_for
+from tuner.deployment.check.evidence_file import Reference, read_reference, tokenizer_for
 from tuner.deployment.junit import Case, junit_xml, write_text
 from tuner.errors import ConfigError
-from tuner.measurement import Measurements
+from tuner.measurement.stats import Measurements
 from tuner.redact import Redactor
 from tuner.study.noise import NoiseEstimate
 

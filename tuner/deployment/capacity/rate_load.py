@@ -15,13 +15,13 @@ from types import TracebackType
 
 from tuner.config import SloConfig, TunerConfig
 from tuner.config.workload import WorkloadConfig
-from tuner.deployment.capacity_sweep import verdict
+from tuner.deployment.capacity.sweep import verdict
 from tuner.host import placement
-from tuner.launch import LaunchSpec
 from tuner.loadgen import LocustLoadGenerator, Target
-from tuner.measurement import measure
+from tuner.measurement.records import read_records
+from tuner.measurement.stats import measure
 from tuner.plan.sizing import CapacityStep
-from tuner.records import read_records
+from tuner.search.launch import LaunchSpec
 from tuner.server import ServerBackend, ServerInfo, make_backend
 
 MIN_DRAIN_S = 10.0

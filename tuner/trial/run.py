@@ -19,28 +19,27 @@ from dataclasses import replace
 from tuner.config import TunerConfig
 from tuner.errors import LoadGenError, ServerError
 from tuner.host import placement
-from tuner.launch import LaunchSpec
-from tuner.loadgen import LoadResult, Target, get_load_generator
-from tuner.loadgen import capacity as client_capacity
-from tuner.loadgen.capacity import REASON_CLIENT_SATURATED
-from tuner.loadgen.workload import build_plan
-from tuner.measurement import Measurements, event_rate, measure, span_means
-from tuner.outcome import (
+from tuner.loadgen import LoadResult, Target, client_capacity, get_load_generator
+from tuner.loadgen.client_capacity import REASON_CLIENT_SATURATED
+from tuner.loadgen.request_plan import build_plan
+from tuner.measurement.records import RequestRecord, read_records
+from tuner.measurement.stats import Measurements, event_rate, measure, span_means
+from tuner.paths import TrialPaths
+from tuner.quality import run_quality_set
+from tuner.schema import TrialStatus
+from tuner.search.launch import LaunchSpec
+from tuner.server import ServerBackend, ServerInfo, make_backend
+from tuner.server.backend import REASON_DIED_DURING_LOAD
+from tuner.telemetry import Telemetry, TelemetrySummary
+from tuner.telemetry.metrics import client_lag_warning, over_server
+from tuner.telemetry.nvml import visible_entries
+from tuner.trial.outcome import (
     REASON_LOADGEN,
     REASON_NO_COMPLETED,
     TrialOutcome,
     TrialPlacement,
     Window,
 )
-from tuner.paths import TrialPaths
-from tuner.quality import run_quality_set
-from tuner.records import RequestRecord, read_records
-from tuner.schema import TrialStatus
-from tuner.server import ServerBackend, ServerInfo, make_backend
-from tuner.server.base import REASON_DIED_DURING_LOAD
-from tuner.telemetry import Telemetry, TelemetrySummary
-from tuner.telemetry.metrics import client_lag_warning, over_server
-from tuner.telemetry.nvml import visible_entries
 
 DEVICE_ORDER_ENV = "CUDA_DEVICE_ORDER"
 # A window whose client could not keep up is measured again at most this often, with more
@@ -159,7 +158,7 @@ def _run_phases(
 
 class _ClientRerun:
     """The load phase, run again with more client processes while its client could not keep
-    up (:func:`tuner.loadgen.capacity.after_window`): a window that measured the client is
+    up (:func:`tuner.loadgen.client_capacity.after_window`): a window that measured the client is
     set aside (its folder renamed) and never scored. The server stays up between windows."""
 
     def __init__(self, config: TunerConfig, launch: LaunchSpec, place: placement.Placement):

@@ -1,6 +1,6 @@
 """The simulated host's GPUs, seen through NVML's own call names.
 
-tuner's telemetry imports ``pynvml``; with ``TUNER_NVML_MODULE=tuner.simulation.nvml`` in its
+tuner's telemetry imports ``pynvml``; with ``TUNER_NVML_MODULE=tuner.simulation.fake_nvml`` in its
 environment it imports this module instead (:func:`tuner.telemetry.nvml._pynvml`). Only the
 hardware is faked: a simulated server writes, per device it was given, a small state file
 (utilization, memory in use, its pid), and the readings here come from those files, so a

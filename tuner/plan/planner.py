@@ -14,7 +14,7 @@ from typing import Any
 from tuner.config import ParamSpec, TunerConfig
 from tuner.errors import ConfigError
 from tuner.paths import StudyPaths
-from tuner.plan import space as plan_space
+from tuner.plan import points as plan_space
 from tuner.plan import table as plan_table
 from tuner.plan.demand import host_gpus, over_host
 from tuner.plan.estimate import Estimator, Fit, PointEstimate

@@ -1,8 +1,9 @@
 """The LoadGenerator seam: what a trial asks of a load generator, and what it gets back.
 
 A load generator drives one running server with one workload and writes the raw per-request
-records (:mod:`tuner.records`) that every statistic is computed from. Implementations register
-themselves by name in :data:`LOAD_GENERATORS`; :func:`get_load_generator` looks one up.
+records (:mod:`tuner.measurement.records`) that every statistic is computed from.
+Implementations register themselves by name in :data:`LOAD_GENERATORS`;
+:func:`get_load_generator` looks one up.
 """
 
 from __future__ import annotations

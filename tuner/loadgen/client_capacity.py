@@ -13,7 +13,7 @@ than the configured ``workload.processes`` (a user's explicit value is a floor).
 events per second is the expected output tokens per second (vLLM streams one event per token
 by default): the plan's estimate where the trial has one. Without one, the first window
 tells: a window whose client could not keep up (a process past its capacity, or one at a full
-core) is run again with more processes (:func:`after_window`) and never scored (tuner.trial).
+core) is run again with more processes (:func:`after_window`) and never scored (tuner.trial.run).
 
 The capacity is the token events one process reads per CPU second: at a full core, what it
 carries. Measured so, a host busy with other work does not lower it.

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from tuner.config import SloConfig
-from tuner.measurement import Measurements
+from tuner.measurement.stats import Measurements
 from tuner.plan.sizing import CapacityStep
 from tuner.study.budget import duration
 

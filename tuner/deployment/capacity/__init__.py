@@ -3,7 +3,7 @@ study's SLOs, measured on the real server, and what a target load then needs.
 
 The server runs the chosen configuration (the final incumbent, or ``--trial``) once; Locust
 offers open-loop arrivals at a sequence of rates (a coarse sweep, then bisection:
-:mod:`tuner.deployment.capacity_sweep`) until the highest rate whose P99s meet the SLOs with an
+:mod:`tuner.deployment.capacity.sweep`) until the highest rate whose P99s meet the SLOs with an
 error rate within its limit is bracketed. Then ``replicas = ceil(R x (1 + headroom) / rate)``,
 GPUs and cost per month (:mod:`tuner.plan.sizing`). The result, with the goodput curve, is kept
 in ``studies/<name>/capacity/``, where ``tuner export --format k8s`` finds its replica count.
@@ -17,10 +17,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tuner.config import TunerConfig
-from tuner.deployment.capacity_config import stored_config
-from tuner.deployment.capacity_load import ServedConfig
-from tuner.deployment.capacity_plot import write_goodput_png
-from tuner.deployment.capacity_sweep import CapacitySearch, SweepResult
+from tuner.deployment.capacity.goodput_plot import write_goodput_png
+from tuner.deployment.capacity.rate_load import ServedConfig
+from tuner.deployment.capacity.stored_config import stored_config
+from tuner.deployment.capacity.sweep import CapacitySearch, SweepResult
 from tuner.errors import ConfigError
 from tuner.plan.sizing import (
     CAPACITY_DIR,

@@ -23,7 +23,7 @@ from tuner.config.workload import (
     TraceConfig,
     WorkloadConfig,
 )
-from tuner.deployment.check_measure import Scoring
+from tuner.deployment.check.endpoint import Scoring
 from tuner.errors import ConfigError
 from tuner.scoring.objective import ObjectiveContext
 from tuner.study.noise import NoiseEstimate

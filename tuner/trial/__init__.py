@@ -1,0 +1,1 @@
+"""One trial: its run (launch, load, measure, stop) and its outcome."""
