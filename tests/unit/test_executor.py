@@ -18,10 +18,10 @@ import pytest
 from tuner.config import ParamSpec, SamplerConfig, TunerConfig
 from tuner.errors import ConfigError
 from tuner.executor import Demand, TrialJob, demand_of, make_executor
+from tuner.executor.cluster_fit import resolve_slots, study_demands
 from tuner.executor.cores import CoreLedger, rebind
 from tuner.executor.local import LocalExecutor
 from tuner.executor.protocol import at_share, check_demands, node_share
-from tuner.executor.sizing import resolve_slots, study_demands
 from tuner.schema import TrialStatus
 from tuner.search.launch import LaunchSpec
 from tuner.search.samplers import for_parallel, make_sampler

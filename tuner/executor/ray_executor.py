@@ -22,6 +22,7 @@ from typing import Any
 from tuner.config import TunerConfig
 from tuner.errors import ConfigError, TunerError
 from tuner.executor.cluster import RayCluster, connect
+from tuner.executor.cluster_fit import resolve_slots, study_demands
 from tuner.executor.protocol import (
     REASON_EXECUTOR_LOST,
     Demand,
@@ -36,7 +37,6 @@ from tuner.executor.protocol import (
     register_executor,
 )
 from tuner.executor.remote import Shipped, run_remote
-from tuner.executor.sizing import resolve_slots, study_demands
 from tuner.paths import TrialPaths
 from tuner.schema import TrialStatus
 from tuner.trial.outcome import TrialOutcome
