@@ -59,9 +59,11 @@ def cmd_trial(args: argparse.Namespace) -> int:
     if args.dry_run:
         return _print_plan(config, backend.argv())
     from tuner.plan.validate import ConfigValidator, validates
+    from tuner.traffic.replay import check_replay
 
     # vLLM builds its engine config from these flags here, in milliseconds once warm: a bad
     # flag is one line and exit 2, before a server start that would end in its usage text.
+    check_replay(config.workload, config.server.tokenizer)  # milliseconds: before vLLM's
     if validates(config.server):
         ConfigValidator(config.server).preflight(LaunchSpec())
     study.ensure()

@@ -134,3 +134,32 @@ def test_a_session_turn_opens_with_the_conversation_so_far(
     assert a2[:20] == a1  # turn 2 carries turn 1's prompt, then a stand-in of its answer
     assert a3[:40] == a2  # and turn 3 all of turn 2's prompt
     assert a2[:5] != b1[:5]  # another session shares nothing
+
+
+@pytest.mark.parametrize("command", ["trial", "run"])
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("workload.trace.start_s=100000", "holds no requests"),
+        ("workload.trace.path={long} workload.trace.start_s=0", "exceeds max_model_len=4096"),
+    ],
+)
+def test_a_trace_window_that_replays_nothing_stops_before_any_server_starts(
+    command: str,
+    override: str,
+    message: str,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from tuner.cli import main
+
+    long = tmp_path / "long.csv"
+    long.write_text("arrival_s,prompt_tokens,output_tokens\n0,5000,10\n1,6000,10\n")
+    cap = "workload.trace.max_model_len=4096"
+    given = override.format(long=long).split()
+    args = ["workload=trace", *given, cap, f"studies_dir={tmp_path}", "name=t"]
+    rc = main([command, *args])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2
+    assert len(err) == 1 and err[0].startswith("tuner: error:") and message in err[0], err
+    assert not list(tmp_path.rglob("server.log"))  # nothing was launched

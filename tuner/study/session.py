@@ -33,6 +33,7 @@ from tuner.study.runner import Progress, StudyRunner
 from tuner.study.stages import StudyResult, spec_text
 from tuner.study.storage import check_url
 from tuner.telemetry import gpu_inventory
+from tuner.traffic.replay import check_replay
 from tuner.trial.run import run_trial
 
 
@@ -50,6 +51,7 @@ class Session:
         # the running study is measuring with) before it learns that it cannot run.
         self._take_lock()
         cfg = self.config
+        check_replay(cfg.workload, cfg.server.tokenizer)  # a trace window that replays nothing
         # vLLM's engine-config check of the fixed args and of every candidate before its
         # launch (tuner.study.prescreen); its worker imports vLLM while the checks below run.
         gpus = self.device_count if cfg.server.device == "cuda" else 0

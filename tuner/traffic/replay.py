@@ -96,3 +96,12 @@ def replay_requests(workload: WorkloadConfig, tokenizer_path: str) -> list[Trace
             trace.arrivals, trace.prompt_tokens, trace.output_tokens, own, shared, strict=True
         )
     ]
+
+
+def check_replay(workload: WorkloadConfig, tokenizer_path: str) -> int:
+    """How many requests the workload's trace replays: a window that holds none, or none that
+    fits max_model_len, is a ConfigError here, before any server starts, not in a trial after
+    its server's start-up. 0 for a workload that replays no trace."""
+    if workload.trace is None:
+        return 0
+    return len(replay_requests(workload, tokenizer_path))
