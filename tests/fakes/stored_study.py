@@ -20,7 +20,7 @@ import optuna
 import yaml
 from optuna.distributions import CategoricalDistribution, IntDistribution
 
-from tuner.study.acceptance import Decision
+from tuner.study.acceptance import Decision, ObjectiveChange
 
 PLANTED = {"HF_TOKEN": "hf_PLANTEDtoken123", "VLLM_API_KEY": "sk-PLANTED-key-456"}
 OBJECTIVES = ["p99_e2e_latency", "output_throughput", "cost_per_million_tokens"]
@@ -77,6 +77,7 @@ ACCEPTED = Decision(
     candidate_trial=4,
     candidate_params={"max_num_seqs": 32, "enable_chunked_prefill": True},
     candidate_objectives=[1.2, 1500.0, 0.015],
+    others=[ObjectiveChange("p99_e2e_latency", "minimize", 0.2, 0.15, "worse", (2, 2))],
 )
 
 

@@ -68,6 +68,8 @@ def test_stages_frame_shows_the_search_window_and_the_decision(report: Report) -
     decision = ACCEPTED
     assert (st["incumbent_mean"], st["candidate_mean"]) == (1000.0, 1490.0)
     assert (st["gain"], st["needed_gain"], st["windows"]) == (decision.gain, 60.0, "2+2")
+    # the objectives beside the one that decided, each with its change and resolution
+    assert st["other_objectives"] == "p99_e2e_latency +20.0% (resolves 15%: worse)"
 
 
 def test_an_accepted_stage_is_drawn_as_an_accepted_improvement(report: Report) -> None:

@@ -209,6 +209,8 @@ def _decision_cells(d: Decision | None) -> dict[str, Any]:
         "gain": d.gain,
         "needed_gain": d.threshold,
         "windows": f"{len(d.incumbent_values)}+{len(d.candidate_values)}",
+        # every other objective's change on the same windows, with what those windows resolve
+        "other_objectives": "; ".join(o.text() for o in d.others),
     }
 
 
