@@ -6,5 +6,13 @@ cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 echo "[test] ruff";  .venv/bin/ruff check . && .venv/bin/ruff format --check .
 echo "[test] mypy";  .venv/bin/mypy
-echo "[test] pytest"
-exec .venv/bin/python -m pytest "$@"
+if [ "$#" -gt 0 ]; then  # the tests you name, as pytest takes them
+  echo "[test] pytest $*"
+  exec .venv/bin/python -m pytest "$@"
+fi
+# The unit tests share nothing but the CPU: two at a time. The rest start real servers, time
+# them and pin them to CPUs; one at a time, so that no test measures another's load.
+echo "[test] pytest: unit tests, two at a time"
+.venv/bin/python -m pytest tests/unit -n 2
+echo "[test] pytest: integration, fault and end-to-end tests, one at a time"
+exec .venv/bin/python -m pytest tests/integration tests/faults tests/e2e

@@ -4,8 +4,9 @@ report`, `tuner export --format k8s`, `tuner capacity`, and `tuner check` of the
 deployed on the simulated host. Everything but the GPUs is real: the CLI, Ray, vLLM's parser,
 Locust, SQLite, the review.
 
-The rehearsal shrinks the study, and says how: two trials a stage, one confirmation round, short
-windows and fewer users; the presets' SLOs and objectives stand as shipped. The same test runs
+The rehearsal shrinks the study, and says how: two of its stages, two trials a stage, one
+confirmation round, short windows and fewer users; the presets' SLOs and objectives stand as
+shipped. The same test runs
 against real vLLM on a GPU node with ``TUNER_REHEARSAL_REAL=1`` (scripts/gpu_rehearsal_check.py).
 """
 
@@ -52,6 +53,16 @@ if not REAL:  # a real node's GPUs and cores are what Ray detects
     RAY += ["ray.num_gpus=8", "ray.num_cpus=32"]
 # Each preset's GPU system (its plan.system): the host the exported config is deployed on
 SYSTEMS = {"llama8b_h100": "h100_sxm", "llama70b_8xh200": "h200_sxm"}
+# Two of each preset's stages on the simulated host, chosen for what reaches the GPUs: tensor
+# and pipeline parallelism (GPU sets, points that need more GPUs than the node) and then, on the
+# GPUs it frees, batching side by side for the 8-GPU preset; fp8 (weights and KV cache in
+# memory) and batching for the one-GPU preset. A launch costs the simulated host ~10 s of CPU
+# (vLLM's parser, AIConfigurator); every stage's search is the same code whatever its flags,
+# and the unit tests cover each stage.
+STAGES = {
+    "llama8b_h100": "[quantization,batching]",
+    "llama70b_8xh200": "[parallelism,batching]",
+}
 PRESETS = [os.environ["TUNER_REHEARSAL_PRESET"]] if REAL else list(SYSTEMS)
 
 
@@ -89,7 +100,7 @@ class Rehearsal:
 def overrides(preset: str) -> list[str]:
     if REAL:  # a GPU node: vLLM itself, on the model folder the check script names
         return [f"study={preset}", *SHRUNK, f"server.model={os.environ['TUNER_REHEARSAL_MODEL']}"]
-    return [f"study={preset}", *SHRUNK, *SIMULATED]
+    return [f"study={preset}", *SHRUNK, *SIMULATED, f"study.stages={STAGES[preset]}"]
 
 
 def tokenizer() -> str:
@@ -150,6 +161,9 @@ def _deploy(rehearsal: Rehearsal, config_yaml: Path, log: Path) -> tuple[subproc
         env |= {
             "CUDA_VISIBLE_DEVICES": "0,1,2,3,4,5,6,7",
             "TUNER_SIM_SYSTEM": SYSTEMS[rehearsal.preset],
+            # the modelled start-up shrunk as the trials' (conf/server/simulated_gpu.yaml):
+            # a 70B's 96 s on the GPUs would be slept in full
+            "TUNER_SIM_STARTUP_SCALE": "0.02",
         }
     server = ["vllm", "serve"] if REAL else [sys.executable, "-m", "tuner.simulation"]
     cmd = [*server, "--config", str(config_yaml), "--host", "127.0.0.1", "--port", str(port)]
