@@ -13,6 +13,11 @@ fi
 # The unit tests share nothing but the CPU: two at a time. The rest start real servers, time
 # them and pin them to CPUs; one at a time, so that no test measures another's load.
 echo "[test] pytest: unit tests, two at a time"
-.venv/bin/python -m pytest tests/unit -n 2
+units=0
+.venv/bin/python -m pytest tests/unit -n 2 || units=$?
 echo "[test] pytest: integration, fault and end-to-end tests, one at a time"
-exec .venv/bin/python -m pytest tests/integration tests/faults tests/e2e
+rest=0
+.venv/bin/python -m pytest tests/integration tests/faults tests/e2e || rest=$?
+# a failure of either part fails the run, after both have reported
+if [ "$units" -ne 0 ]; then exit "$units"; fi
+exit "$rest"
