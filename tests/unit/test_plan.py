@@ -119,7 +119,9 @@ def test_an_estimator_limit_is_unknown_never_a_screen() -> None:
 
 
 def test_flags_become_points() -> None:
-    config = compose([f"server.model={TINY_MODEL}", "workload.concurrency=8"])
+    # vLLM's defaults, not the quickstart's deployment command (4 sequences a step)
+    args = [f"server.model={TINY_MODEL}", "server.from_command=null", "workload.concurrency=8"]
+    config = compose(args)
     config.search_space = {
         "q": {
             "quantization": ParamSpec("categorical", choices=["none", "fp8"], omit=["none"]),
