@@ -38,8 +38,8 @@ from sqlalchemy import (
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 
-from tuner.errors import ConfigError, StorageError
-from tuner.study.storage import redact_url
+from tuner.errors import ConfigError
+from tuner.study.storage import storage_error
 
 LEASE_S = 60.0  # how long a silent driver keeps its study
 _META = MetaData()
@@ -102,7 +102,9 @@ class RunLease:
                 self._engine = create_engine(self.url, pool_pre_ping=True)
                 _META.create_all(self._engine, checkfirst=True)
             except (SQLAlchemyError, ImportError, ValueError) as exc:
-                raise _storage_error(self.url, exc) from exc
+                raise storage_error(
+                    "hold the run lease in the study storage", self.url, exc
+                ) from exc
         return self._engine
 
     def _row(self) -> dict[str, object]:
@@ -132,7 +134,7 @@ class RunLease:
             if not self._acquire():
                 raise self._refusal()
         except SQLAlchemyError as exc:
-            raise _storage_error(self.url, exc) from exc
+            raise storage_error("hold the run lease in the study storage", self.url, exc) from exc
         self._thread = threading.Thread(
             target=self._renew, args=(on_lost,), name="run-lease", daemon=True
         )
@@ -212,11 +214,3 @@ def take_lease(
     lease = RunLease(url, study, Holder.this_process(folder), ttl_s)
     lease.take(on_lost)
     return lease
-
-
-def _storage_error(url: str, exc: BaseException) -> StorageError:
-    first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-    return StorageError(
-        f"cannot hold the run lease in the study storage {redact_url(url)}: {first}",
-        hint="check that the database server runs and the URL, user and driver are right",
-    )

@@ -51,11 +51,16 @@ def open_storage(url: str) -> optuna.storages.RDBStorage:
             url, engine_kwargs=engine_kwargs, heartbeat_interval=HEARTBEAT_S, grace_period=GRACE_S
         )
     except (SQLAlchemyError, ImportError, ValueError) as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise StorageError(
-            f"cannot open the study storage {redact_url(url)}: {first}",
-            hint="check that the database server runs and the URL, user and driver are right",
-        ) from exc
+        raise storage_error("open the study storage", url, exc) from exc
+
+
+def storage_error(what: str, url: str, exc: BaseException) -> StorageError:
+    """A database error as one line: what could not be done, where (password hidden), why."""
+    first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return StorageError(
+        f"cannot {what} {redact_url(url)}: {first}",
+        hint="check that the database server runs and the URL, user and driver are right",
+    )
 
 
 def study_id(storage: BaseStorage, study: optuna.Study) -> int:
