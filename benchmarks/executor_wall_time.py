@@ -43,9 +43,7 @@ from typing import Any
 
 import optuna
 
-from benchmarks.landscape import Measured
 from benchmarks.layout import machine, results
-from benchmarks.lookup import SCRATCH, count_fallbacks, outcome_of
 from tuner import (
     Evaluator,
     LaunchSpec,
@@ -56,6 +54,8 @@ from tuner import (
     TrialOutcome,
     TunerConfig,
 )
+from tuner.testing.landscape import Measured
+from tuner.testing.lookup import SCRATCH, count_fallbacks, outcome_of
 
 GPUS = 8
 # Table seconds: a Llama-8B-class server on H100s (weights from local disk, CUDA graphs): more

@@ -2,7 +2,7 @@
 
 A landscape is a silicon table (benchmarks.silicon: AIConfigurator's shipped vLLM measurements)
 or an estimated one (benchmarks.estimated: AIConfigurator's estimates through the queueing
-model of benchmarks.queueing); every launch sees its configuration's truth through
+model of tuner.testing.queueing); every launch sees its configuration's truth through
 multiplicative noise at each ``--cv``. The objective is output tok/s per GPU
 (objectives/fleet.py) under P99 TTFT and P99 TPOT SLOs, by default each the landscape's median
 over the configurations that start (vLLM's defaults then miss one of them, see the summary).
@@ -12,7 +12,8 @@ order; random search (the grid in a random order, the best observed launch hande
 tuner staged in the default stage order (conf/study/llama70b_8xh200.yaml's) and in the other
 orders of ``--orders``; tuner joint. Tuner arms are a real :class:`tuner.StudyRunner` (3 baseline
 launches, 2 interleaved confirmation repeats, the acceptance rule) whose trial function looks
-the launch up (benchmarks.lookup). Scored as benchmarks.scoring does, per GPU.
+the launch up (tuner.testing.lookup). Scored as benchmarks.scoring does, per GPU
+(benchmarks.gpu_scoring).
 
     .venv/bin/python -m benchmarks.gpu_replay --landscape llama8b_h100
     .venv/bin/python -m benchmarks.gpu_replay --landscape llama70b_h200_1k1k --staged-trials 4
@@ -36,11 +37,8 @@ from typing import Any
 import numpy as np
 
 from benchmarks import estimated, silicon
-from benchmarks.gpu_landscape import (
-    GPU_PARAM,
-    GpuLandscape,
+from benchmarks.gpu_scoring import (
     GpuReference,
-    GpuSlo,
     best_observed,
     edge_flags,
     handed_worse,
@@ -49,19 +47,11 @@ from benchmarks.gpu_landscape import (
     summarize_run,
 )
 from benchmarks.layout import results
-from benchmarks.lookup import StudyStrategy, run_study
-from benchmarks.replay import base_config, categorical_space
-from benchmarks.scoring import Launch, RunTrace, aggregate, markdown
+from benchmarks.scoring import aggregate, markdown
 from tuner import LengthDist, RequestClass, TunerConfig
-
-# Stage groups (the default order of --orders is conf/study/llama70b_8xh200.yaml's).
-GROUPS = {
-    "parallelism": [GPU_PARAM],
-    "quantization": ["quantization", "kv_cache_dtype"],
-    "memory": ["gpu_memory_utilization"],
-    "batching": ["max_num_seqs", "max_num_batched_tokens"],
-}
-OBJECTIVES = ["output_throughput_per_gpu", "output_throughput_per_user"]
+from tuner.testing.gpu_landscape import GROUPS, GpuLandscape, GpuSlo, gpu_config, groups_of
+from tuner.testing.lookup import StudyStrategy, categorical_space, run_study
+from tuner.testing.run_trace import Launch, RunTrace
 
 
 def load(name: str) -> GpuLandscape:
@@ -72,26 +62,6 @@ def load(name: str) -> GpuLandscape:
     raise SystemExit(
         f"unknown landscape {name!r}: {sorted(estimated.SYSTEMS) + sorted(silicon.TABLES)}"
     )
-
-
-def groups_of(land: GpuLandscape, order: Sequence[str]) -> dict[str, list[str]]:
-    """The stages in this order, each with the landscape's params (a stage without any is left
-    out: a silicon table has only parallelism and batching)."""
-    out = {g: [p for p in GROUPS[g] if p in land.params] for g in order}
-    return {g: ps for g, ps in out.items() if ps}
-
-
-def gpu_config(land: GpuLandscape, slo: GpuSlo) -> TunerConfig:
-    """compose([]) made a GPU study: objectives per GPU and per user, TTFT and TPOT SLOs, and
-    the defaults' TP as the fixed arg (so the baseline's tok/s is divided by its GPUs)."""
-    config = base_config()
-    config.server.device = "cuda"
-    config.server.args = {GPU_PARAM: land.defaults[GPU_PARAM]}
-    config.objectives.names = list(OBJECTIVES)
-    config.objectives.select_by = OBJECTIVES[0]
-    config.objectives.constraints = ["slo_p99_ttft", "slo_p99_tpot", "error_rate"]
-    config.slo.p99_ttft_s, config.slo.p99_tpot_s = slo.p99_ttft_s, slo.p99_tpot_s
-    return config
 
 
 # ---- the arms that need no sampler -----------------------------------------------------------

@@ -4,7 +4,7 @@ A "trial" looks its configuration up in a table of real measurements (benchmarks
 and returns one of that configuration's repeats, drawn at random, so the strategies see the real
 run-to-run noise. The staged and joint strategies are tuner's own :class:`tuner.StudyRunner`
 (samplers from the registry, search_space, evaluation, the acceptance rule, a real Optuna
-storage) with the lookup as its ``trial_fn`` (:func:`lookup_trials`) instead of
+storage) with the lookup as its ``trial_fn`` (tuner.testing.lookup) instead of
 :func:`tuner.run_trial`.
 The full grid in vLLM auto_tune's order, and vLLM's defaults alone, need no sampler and are
 plain loops.
@@ -40,45 +40,13 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import optuna
 
-from benchmarks.landscape import (
-    Landscape,
-    Measured,
-    landscape_rows,
-    median_slo,
-    reference,
-)
 from benchmarks.layout import DATA, ROOT, results, table_id
-from benchmarks.lookup import (
-    StudyStrategy,
-    count_fallbacks,
-    lookup_trials,
-    outcome_of,
-    quiet,
-    run_study,
-    study_config,
-)
-from benchmarks.scoring import (
-    Launch,
-    RunTrace,
-    aggregate,
-    best_observed,
-    markdown,
-    summarize_run,
-)
-from tuner import NOISE_RULES, ParamSpec, TunerConfig, compose
-
-# Re-exported for tests/unit/test_replay.py and test_study.py, which reach the harness here.
-__all__ = [
-    "Measured",
-    "StudyStrategy",
-    "count_fallbacks",
-    "lookup_trials",
-    "outcome_of",
-    "run_study",
-    "study_config",
-]
+from benchmarks.scoring import aggregate, best_observed, markdown, summarize_run
+from tuner import NOISE_RULES, TunerConfig
+from tuner.testing.landscape import Landscape, landscape_rows, median_slo, reference
+from tuner.testing.lookup import StudyStrategy, base_config, categorical_space, quiet, run_study
+from tuner.testing.run_trace import Launch, RunTrace
 
 DEFAULT_CSV = DATA / "grid_vllm_cpu.csv"
 
@@ -185,17 +153,6 @@ def with_settings(
     ]
 
 
-def categorical_space(
-    land: Landscape, groups: Mapping[str, Sequence[str]]
-) -> dict[str, dict[str, ParamSpec]]:
-    """Each param as a categorical over the table's values, grouped into stages."""
-    axes = land.values()
-    return {
-        group: {p: ParamSpec(type="categorical", choices=list(axes[p])) for p in params}
-        for group, params in groups.items()
-    }
-
-
 def replay(
     land: Landscape,
     base: TunerConfig,
@@ -250,19 +207,6 @@ def explain(
         for s in strategies:
             print(run_study(land, base, s, space, ref.slo_p99_e2e_s, seed).explain())
     return 0
-
-
-def base_config() -> TunerConfig:
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    import warnings
-
-    warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
-    warnings.filterwarnings("ignore", category=FutureWarning)
-    # StudyRunner records heartbeats around its ask/tell trials on purpose: not a mistake here.
-    warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used")
-    # The tables measured vLLM's defaults plus the CPU server's fixed args, not the
-    # quickstart's under-tuned deployment command.
-    return compose(["server.from_command=null"])
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:

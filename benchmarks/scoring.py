@@ -1,4 +1,5 @@
-"""A search run's trace (launches in order, what it would hand over after each) and its score.
+"""A search run's score: its trace (tuner.testing.run_trace: launches in order, what it would
+hand over after each) against the landscape's truth.
 
 Scored against the landscape's reference: the selection after t launches at its *true* value
 over the grid's best feasible one (0 if truly infeasible), the first t reaching 97 %, and the
@@ -11,56 +12,15 @@ import itertools
 import math
 import statistics
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from benchmarks.landscape import (
-    MAX_ERROR_RATE,
-    Key,
-    Landscape,
-    Measured,
-    Reference,
-    hypervolume,
-)
-from tuner import Decision
+from tuner.testing.landscape import MAX_ERROR_RATE, Key, Landscape, Reference, hypervolume
+from tuner.testing.run_trace import Launch, RunTrace
 
 TARGET = 0.97
 HV_AT = (5, 10, 20)
 BUDGET_SHARE = 0.10  # the target's budget: 10 % of the grid's trials
-
-
-@dataclass
-class Launch:
-    label: str  # baseline, <stage>, <stage>-confirm, grid, defaults
-    key: Key
-    observed: Measured
-
-
-@dataclass
-class RunTrace:
-    """Launches in order and the selection after each (None: nothing feasible yet)."""
-
-    strategy: str
-    seed: int
-    launches: list[Launch] = field(default_factory=list)
-    selected: list[Key | None] = field(default_factory=list)
-    stopped: str = ""  # why a StudyRunner run ended early (TunerError), if it did
-    independent_samples: int = 0  # params a relative sampler drew independently (fell back)
-    decisions: list[str] = field(default_factory=list)  # each stage's decision, one line each
-    # the constraints the hand-over meets by less than its windows' spread, when it meets them
-    on_edge: list[str] = field(default_factory=list)
-    believed_feasible: bool = False  # the study's own word: its hand-over meets the SLOs
-
-    def explain(self) -> str:
-        """What the run launched, what it observed, and what it decided (replay --explain)."""
-        lines = [f"{self.strategy} seed {self.seed}:"]
-        for launch in self.launches:
-            o = launch.observed
-            p99 = f"{o.p99_e2e_s:.2f} s" if o.p99_e2e_s is not None else "failed"
-            tok_s = f"{o.output_tok_s:.0f} tok/s"
-            lines.append(f"  {launch.label:<18} {launch.key}  P99 {p99}, {tok_s}")
-        return "\n".join(lines + [f"  {d}" for d in self.decisions])
 
 
 def best_observed(launches: Sequence[Launch], land: Landscape, slo: float) -> list[Key | None]:
@@ -214,20 +174,3 @@ def write_markdown(path: Path, preface: str, rows: Sequence[dict[str, Any]]) -> 
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(preface + "\n\n" + text + "\n")
     return text
-
-
-def incumbent_timeline(
-    launches: Sequence[Launch], decisions: Sequence[Decision], land: Landscape
-) -> list[Key | None]:
-    """After each launch, the incumbent the study would hand over (accepted decisions only)."""
-    ends = {}
-    for i, launch in enumerate(launches):
-        ends[launch.label.removesuffix("-confirm")] = i
-    changes = {ends[d.stage]: d for d in decisions if d.stage in ends}
-    current: dict[str, Any] = {}
-    out: list[Key | None] = []
-    for i, _ in enumerate(launches):
-        if i in changes and changes[i].accepted:
-            current = dict(changes[i].candidate_params)
-        out.append(land.key(current))
-    return out

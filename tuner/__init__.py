@@ -1,9 +1,11 @@
 """tuner: tune a vLLM server for your model, hardware and traffic with real launches and real load.
 
 This module is the public API: what ``objectives/`` plugins, ``benchmarks/`` and users import.
-Everything else in the package is internal and may move. Names load on first use, so that
-``import tuner`` stays cheap: the load generator's Locust subprocess imports tuner's record
-types under gevent and must not pull in Optuna, pandas or Hydra on the way.
+So is :mod:`tuner.testing`, the test doubles and replay harness that tests/ and benchmarks/
+share (as ``optuna.testing``). Everything else in the package is internal and may move. Names
+load on first use, so that ``import tuner`` stays cheap: the load generator's Locust subprocess
+imports tuner's record types under gevent and must not pull in Optuna, pandas or Hydra on the
+way.
 
 - config:       :class:`TunerConfig` and its parts, :func:`compose` (Hydra, as the CLI does)
 - measurement:  :class:`Measurements` from raw per-request records (:func:`measure`)

@@ -12,17 +12,24 @@ import os
 import re
 import time
 from pathlib import Path
-from types import ModuleType
 
 import numpy as np
 import pytest
 
-from tests.fakes.grid_table import DEFAULTS, GROUPS, PARAMS, load_replay, write_table
 from tuner.config import StudyConfig
 from tuner.console import RunDisplay
 from tuner.study.budget import LaunchBudget, duration, planned_launches
 from tuner.study.evaluation import Evaluator
 from tuner.study.runner import StudyRunner
+from tuner.testing.grid_table import DEFAULTS, GROUPS, PARAMS, write_table
+from tuner.testing.landscape import Landscape
+from tuner.testing.lookup import (
+    StudyStrategy,
+    base_config,
+    categorical_space,
+    lookup_trials,
+    study_config,
+)
 
 
 def test_the_plan_counts_baseline_stages_and_both_sides_of_each_confirmation() -> None:
@@ -92,16 +99,11 @@ def _read_all(fd: int) -> str:
     return b"".join(chunks).decode(errors="replace")
 
 
-@pytest.fixture(scope="module")
-def replay() -> ModuleType:
-    return load_replay()
-
-
-def test_a_study_reports_its_budget_after_every_launch(replay: ModuleType, tmp_path: Path) -> None:
-    land = replay.Landscape.from_csv(write_table(tmp_path / "grid.csv"), PARAMS, DEFAULTS)
-    strategy = replay.StudyStrategy("b", "staged", "random", 2, repeats=1, baseline_measurements=2)
-    space = replay.categorical_space(land, GROUPS)
-    config = replay.study_config(replay.base_config(), strategy, space, 2.6, 0, tmp_path)
+def test_a_study_reports_its_budget_after_every_launch(tmp_path: Path) -> None:
+    land = Landscape.from_csv(write_table(tmp_path / "grid.csv"), PARAMS, DEFAULTS)
+    strategy = StudyStrategy("b", "staged", "random", 2, repeats=1, baseline_measurements=2)
+    space = categorical_space(land, GROUPS)
+    config = study_config(base_config(), strategy, space, 2.6, 0, tmp_path)
     launches: list[object] = []
     seen: list[tuple[int, int]] = []
     runner = StudyRunner(
@@ -109,7 +111,7 @@ def test_a_study_reports_its_budget_after_every_launch(replay: ModuleType, tmp_p
         Evaluator(config),
         {"t": 1},
         lambda _m: None,
-        trial_fn=replay.lookup_trials(land, np.random.default_rng(0), launches),
+        trial_fn=lookup_trials(land, np.random.default_rng(0), launches),
         on_launch=lambda b: seen.append((b.done, b.planned)),
     )
     runner.run()

@@ -12,20 +12,11 @@ import numpy as np
 import pytest
 
 from benchmarks import gpu_replay
-from benchmarks.gpu_landscape import (
-    GPU_PARAM,
-    GpuLandscape,
-    GpuSlo,
-    edge_flags,
-    measured,
-    median_slo,
-    off_the_line,
-    reference,
-    score,
-)
-from benchmarks.landscape import Measured, hypervolume_2d
-from benchmarks.lookup import StudyStrategy
-from benchmarks.queueing import Load, serve
+from benchmarks.gpu_scoring import edge_flags, median_slo, off_the_line, reference, score
+from tuner.testing.gpu_landscape import GPU_PARAM, GpuLandscape, GpuSlo, groups_of, measured
+from tuner.testing.landscape import Measured, hypervolume_2d
+from tuner.testing.lookup import StudyStrategy
+from tuner.testing.queueing import Load, serve
 
 LOAD = Load(users=16, isl=100, osl=11)
 LOOSE = GpuSlo(p99_ttft_s=100.0, p99_tpot_s=100.0)
@@ -91,7 +82,7 @@ def test_every_arm_finds_the_known_optimum_at_no_noise() -> None:
     arms = [
         (
             StudyStrategy("staged", "staged", "tpe", 3, repeats=1),
-            gpu_replay.groups_of(land, ["parallelism", "batching"]),
+            groups_of(land, ["parallelism", "batching"]),
         ),
         (
             StudyStrategy("joint", "joint", "tpe", 6, repeats=1),
@@ -149,7 +140,7 @@ def test_a_near_miss_leads_the_next_stage_to_an_optimum_that_needs_both_knobs() 
         (2, 4): _point(90, 2, 0.4),
     }
     land = GpuLandscape([GPU_PARAM, "max_num_seqs"], truths, {GPU_PARAM: 2, "max_num_seqs": 16})
-    groups = gpu_replay.groups_of(land, ["parallelism", "batching"])
+    groups = groups_of(land, ["parallelism", "batching"])
     arms = [(StudyStrategy("staged", "staged", "tpe", 2, repeats=1), groups)]
     result = gpu_replay.replay(land, slo, 2, arms)
     staged = [r for r in result["runs"] if r["strategy"] == "staged"]
@@ -179,7 +170,7 @@ def test_edge_flags_count_what_the_study_called_feasible_by_its_truth() -> None:
         [
             (
                 StudyStrategy("staged", "staged", "tpe", 3, repeats=1),
-                gpu_replay.groups_of(synthetic(), ["parallelism", "batching"]),
+                groups_of(synthetic(), ["parallelism", "batching"]),
             ),
         ],
     )

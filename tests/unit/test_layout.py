@@ -4,7 +4,9 @@
   modules import each other, directly or round a circle, lazily or only for type checking;
 - modules inside tuner never import the public facade (``tuner/__init__.py``): it is for
   objectives/, benchmarks/ and users, and importing it from inside would tie every module to all;
-- objectives/ and benchmarks/ import only that facade, and nothing edits ``sys.path``;
+- objectives/ and benchmarks/ import only that facade and ``tuner.testing`` (the test doubles
+  and replay harness the tests share with the benchmarks, public like ``optuna.testing``), and
+  nothing edits ``sys.path``;
 - only public Optuna APIs are used.
 """
 
@@ -23,6 +25,8 @@ PACKAGE = ROOT / "tuner"
 # Top first. A unit may import units of its own row or below; same-row imports are allowed but
 # the circle check below still forbids two of them importing each other.
 LAYERS: tuple[tuple[str, ...], ...] = (
+    # test doubles and the replay harness: they drive a whole study, and nothing imports them
+    ("testing",),
     ("cli", "composition", "console"),
     ("deployment",),
     ("export",),
@@ -142,17 +146,20 @@ def test_outside_code_imports_only_the_public_api(folder: str) -> None:
     bad = []
     for path in sorted((ROOT / folder).rglob("*.py")):
         for target, line in imports_of(path, folder):
-            if target.startswith("tuner.") and not _is_facade_member(target):
+            if target.startswith("tuner.") and not _is_public(target):
                 bad.append(f"{path.relative_to(ROOT)}:{line} imports {target}")
         if "sys.path" in path.read_text(encoding="utf-8"):
             bad.append(f"{path.relative_to(ROOT)} edits sys.path")
     assert not bad, "\n".join(bad)
 
 
-def _is_facade_member(target: str) -> bool:
-    """``from tuner import X`` yields ``tuner.X``: fine when X is in the facade's __all__."""
+def _is_public(target: str) -> bool:
+    """``from tuner import X`` yields ``tuner.X``: fine when X is in the facade's __all__;
+    ``tuner.testing`` and its modules are public as a whole."""
     import tuner
 
+    if target == "tuner.testing" or target.startswith("tuner.testing."):
+        return True
     name = target.removeprefix("tuner.")
     return "." not in name and name in tuner.__all__
 

@@ -233,9 +233,8 @@ def test_a_lead_the_estimator_named_hands_over_a_point_that_met_the_slos() -> No
     incumbent (TP 8 at 64) misses the SLOs too: the feasibility step would hand over the
     nearer miss, 32 sequences. The 16 sequences that met the SLOs are confirmed instead."""
     from benchmarks import gpu_replay, silicon
-    from benchmarks.gpu_landscape import GpuSlo
-    from benchmarks.lookup import run_study
-    from benchmarks.replay import categorical_space
+    from tuner.testing.gpu_landscape import GpuSlo
+    from tuner.testing.lookup import categorical_space, run_study
 
     name = "llama70b_h200_1k1k"
     land = gpu_replay.load(name).with_noise(0.02)

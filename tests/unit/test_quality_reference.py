@@ -10,14 +10,11 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import numpy as np
 import optuna
-import pytest
 
-from tests.fakes.grid_table import DEFAULTS, GROUPS, PARAMS, load_replay, write_table
 from tests.fakes.quality_items import out, run
 from tuner.config import TunerConfig
 from tuner.paths import TrialPaths
@@ -26,20 +23,24 @@ from tuner.schema import Role, TrialAttr, stage_study
 from tuner.search.launch import LaunchSpec
 from tuner.study.evaluation import Evaluator
 from tuner.study.runner import StudyRunner
+from tuner.testing.grid_table import DEFAULTS, GROUPS, PARAMS, write_table
+from tuner.testing.landscape import Landscape
+from tuner.testing.lookup import (
+    StudyStrategy,
+    base_config,
+    categorical_space,
+    lookup_trials,
+    study_config,
+)
 from tuner.trial.outcome import TrialOutcome
 
 GATED = "first"
 
 
-@pytest.fixture(scope="module")
-def replay() -> ModuleType:
-    return load_replay()
-
-
-def _config(replay: ModuleType, land: Any, name: str, folder: Path, storage: str) -> TunerConfig:
-    strategy = replay.StudyStrategy("q", "staged", "random", 2, repeats=0, baseline_measurements=1)
-    space = replay.categorical_space(land, GROUPS)
-    config: TunerConfig = replay.study_config(replay.base_config(), strategy, space, 2.6, 0, folder)
+def _config(land: Any, name: str, folder: Path, storage: str) -> TunerConfig:
+    strategy = StudyStrategy("q", "staged", "random", 2, repeats=0, baseline_measurements=1)
+    space = categorical_space(land, GROUPS)
+    config: TunerConfig = study_config(base_config(), strategy, space, 2.6, 0, folder)
     config.name, config.study.storage, config.study.stages = name, storage, [GATED]
     config.quality.enabled, config.quality.stages = True, [GATED]
     config.quality.metrics = ["token_agreement"]
@@ -62,9 +63,9 @@ def _with_quality(lookup: Any) -> Any:
     return trial
 
 
-def _run(replay: ModuleType, config: TunerConfig, land: Any) -> list[str]:
+def _run(config: TunerConfig, land: Any) -> list[str]:
     said: list[str] = []
-    lookup = replay.lookup_trials(land, np.random.default_rng(0), [])
+    lookup = lookup_trials(land, np.random.default_rng(0), [])
     StudyRunner(
         config, Evaluator(config), {"t": 1}, said.append, trial_fn=_with_quality(lookup)
     ).run()
@@ -72,16 +73,16 @@ def _run(replay: ModuleType, config: TunerConfig, land: Any) -> list[str]:
 
 
 def test_a_later_study_scores_against_the_stored_reference_without_the_baseline_folder(
-    replay: ModuleType, tmp_path: Path
+    tmp_path: Path,
 ) -> None:
-    land = replay.Landscape.from_csv(write_table(tmp_path / "grid.csv"), PARAMS, DEFAULTS)
+    land = Landscape.from_csv(write_table(tmp_path / "grid.csv"), PARAMS, DEFAULTS)
     storage = f"sqlite:///{tmp_path / 'shared.db'}"
-    first = _config(replay, land, "first-study", tmp_path / "a", storage)
-    _run(replay, first, land)
+    first = _config(land, "first-study", tmp_path / "a", storage)
+    _run(first, land)
     shutil.rmtree(tmp_path / "a")  # the baseline's trial folder, its quality.jsonl with it
 
-    second = _config(replay, land, "second-study", tmp_path / "b", storage)
-    said = _run(replay, second, land)
+    second = _config(land, "second-study", tmp_path / "b", storage)
+    said = _run(second, land)
     assert any("reusing trial" in line for line in said), said  # the same stored baseline
     study = optuna.load_study(study_name=stage_study(second.name, GATED), storage=storage)
     gated = [t for t in study.trials if t.user_attrs.get(TrialAttr.ROLE) == Role.SEARCH]

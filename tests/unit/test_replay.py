@@ -10,32 +10,35 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 
+from benchmarks import replay
 from benchmarks.scoring import HV_AT
-from tests.fakes.grid_table import DEFAULTS, GROUPS, PARAMS, load_replay, write_table
+from tuner.testing.grid_table import DEFAULTS, GROUPS, PARAMS, write_table
+from tuner.testing.landscape import Landscape, Measured, median_slo
+from tuner.testing.lookup import (
+    StudyStrategy,
+    base_config,
+    categorical_space,
+    run_study,
+    study_config,
+)
 
 
-@pytest.fixture(scope="module")
-def replay() -> ModuleType:
-    return load_replay()
-
-
-def test_replay_on_synthetic_table(replay: ModuleType, tmp_path: Path) -> None:
+def test_replay_on_synthetic_table(tmp_path: Path) -> None:
     table = tmp_path / "grid.csv"
     write_table(table)
     # An absent flag takes the smallest value: the staged runs start from (4, 512).
-    land = replay.Landscape.from_csv(table, PARAMS, DEFAULTS)
+    land = Landscape.from_csv(table, PARAMS, DEFAULTS)
     strategies = [
-        replay.StudyStrategy("staged_tpe", "staged", "tpe", 3, repeats=1),
-        replay.StudyStrategy("joint_random", "joint", "random", 4, repeats=1, n_startup_trials=0),
+        StudyStrategy("staged_tpe", "staged", "tpe", 3, repeats=1),
+        StudyStrategy("joint_random", "joint", "random", 4, repeats=1, n_startup_trials=0),
     ]
     # The default SLO is the grid's median P99: (16, 2048) at 2.4 s. A repeat 0.5 % above it
     # would be infeasible, so the test sets 2.6 s: 5 of 9 feasible, none within 7 % of it.
-    assert replay.median_slo(land) == pytest.approx(2.4)
-    result = replay.replay(land, replay.base_config(), GROUPS, 3, strategies, slo=2.6)
+    assert median_slo(land) == pytest.approx(2.4)
+    result = replay.replay(land, base_config(), GROUPS, 3, strategies, slo=2.6)
 
     ref = result["reference"]
     assert ref["grid_size"] == 9
@@ -80,11 +83,12 @@ def test_replay_on_synthetic_table(replay: ModuleType, tmp_path: Path) -> None:
     assert summary["staged_tpe"]["reached_97_in_1_stored_baseline"] == f"{warm_in_1}/3"
 
 
-def test_a_stored_baseline_saves_the_first_launches_only(replay: ModuleType) -> None:
-    from benchmarks.scoring import Launch, RunTrace, baseline_launches, without_baseline
+def test_a_stored_baseline_saves_the_first_launches_only() -> None:
+    from benchmarks.scoring import baseline_launches, without_baseline
+    from tuner.testing.run_trace import Launch, RunTrace
 
     def trace(*labels: str) -> RunTrace:
-        measured = replay.Measured(True, "", *[1.0] * 6, 100.0, 1.0, 0.0, 10, 0)
+        measured = Measured(True, "", *[1.0] * 6, 100.0, 1.0, 0.0, 10, 0)
         return RunTrace("s", 0, [Launch(label, (1,), measured) for label in labels])
 
     assert baseline_launches(trace("baseline", "baseline", "runtime", "runtime-confirm")) == 2
@@ -97,12 +101,12 @@ def test_a_stored_baseline_saves_the_first_launches_only(replay: ModuleType) -> 
 
 
 def test_explain_prints_every_launch_and_each_stage_decision(
-    replay: ModuleType, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    land = replay.Landscape.from_csv(write_table(tmp_path / "grid.csv"), PARAMS, DEFAULTS)
-    strategy = replay.StudyStrategy("staged_tpe", "staged", "tpe", 2, repeats=1)
-    space = replay.categorical_space(land, GROUPS)
-    trace = replay.run_study(land, replay.base_config(), strategy, space, 2.6, 0)
+    land = Landscape.from_csv(write_table(tmp_path / "grid.csv"), PARAMS, DEFAULTS)
+    strategy = StudyStrategy("staged_tpe", "staged", "tpe", 2, repeats=1)
+    space = categorical_space(land, GROUPS)
+    trace = run_study(land, base_config(), strategy, space, 2.6, 0)
     text = trace.explain()
     lines = text.splitlines()
     assert lines[0] == "staged_tpe seed 0:"
@@ -115,12 +119,12 @@ def test_explain_prints_every_launch_and_each_stage_decision(
 
 
 def test_the_stages_run_in_the_order_given(
-    replay: ModuleType, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    land = replay.Landscape.from_csv(write_table(tmp_path / "grid.csv"), PARAMS, DEFAULTS)
-    strategy = replay.StudyStrategy("staged_tpe", "staged", "tpe", 2, repeats=1)
+    land = Landscape.from_csv(write_table(tmp_path / "grid.csv"), PARAMS, DEFAULTS)
+    strategy = StudyStrategy("staged_tpe", "staged", "tpe", 2, repeats=1)
     reversed_groups = dict(reversed(GROUPS.items()))
-    replay.explain(land, replay.base_config(), reversed_groups, [strategy], 1, 2.6)
+    replay.explain(land, base_config(), reversed_groups, [strategy], 1, 2.6)
     lines = capsys.readouterr().out.splitlines()
     assert [line.split(":")[0].strip() for line in lines if "stage " in line] == [
         "stage second",
@@ -130,9 +134,7 @@ def test_the_stages_run_in_the_order_given(
     assert replay.parse_args([]).stages == list(replay.GROUPS)  # the committed replays' order
 
 
-def test_the_throughput_column_is_chosen_and_rows_without_it_left_out(
-    replay: ModuleType, tmp_path: Path
-) -> None:
+def test_the_throughput_column_is_chosen_and_rows_without_it_left_out(tmp_path: Path) -> None:
     table = write_table(tmp_path / "grid.csv")
     lines = table.read_text().splitlines()
     # The second repeat of each configuration gets a token rate of 2x its tok/s; the first none.
@@ -141,17 +143,15 @@ def test_the_throughput_column_is_chosen_and_rows_without_it_left_out(
         tok = float(line.split(",")[10])
         out.append(line + ("," if i % 2 == 0 else f",{2 * tok}"))
     table.write_text("\n".join(out) + "\n")
-    by_count = replay.Landscape.from_csv(table, PARAMS, DEFAULTS)
-    by_rate = replay.Landscape.from_csv(table, PARAMS, DEFAULTS, "output_token_rate")
+    by_count = Landscape.from_csv(table, PARAMS, DEFAULTS)
+    by_rate = Landscape.from_csv(table, PARAMS, DEFAULTS, "output_token_rate")
     key = (64, 8192)
     assert len(by_count.table[key]) == 2 and len(by_rate.table[key]) == 1
     (only,) = by_rate.table[key]
     assert only.output_tok_s == pytest.approx(2 * by_count.table[key][1].output_tok_s)
 
 
-def test_staged_strategies_are_built_for_each_sampler_budget_and_refinement(
-    replay: ModuleType,
-) -> None:
+def test_staged_strategies_are_built_for_each_sampler_budget_and_refinement() -> None:
     strategies = replay.default_strategies([10], [4, 8], 4, ["tpe", "gp"])
     staged = {s.name: s for s in strategies if s.strategy == "staged"}
     assert set(staged) == {
@@ -169,9 +169,7 @@ def test_staged_strategies_are_built_for_each_sampler_budget_and_refinement(
     assert not any(s.strategy == "staged" for s in replay.default_strategies([10], [4], 0, []))
 
 
-def test_each_noise_rule_replays_every_strategy_with_the_settings_given(
-    replay: ModuleType,
-) -> None:
+def test_each_noise_rule_replays_every_strategy_with_the_settings_given() -> None:
     base = replay.default_strategies([10], [4], 0, ["tpe"])
     out = replay.with_settings(base, ["pooled", "pair"], ["count"], 1, 1)
     assert [s.name for s in out] == [s.name for s in base] + [f"{s.name}_pair" for s in base]
@@ -182,13 +180,13 @@ def test_each_noise_rule_replays_every_strategy_with_the_settings_given(
 
 
 def test_dropping_the_search_window_replays_every_strategy_again_and_reaches_the_study(
-    replay: ModuleType, tmp_path: Path
+    tmp_path: Path,
 ) -> None:
     base = replay.default_strategies([10], [4], 0, ["tpe"])
     out = replay.with_settings(base, ["pooled"], ["count", "drop"], 2, 3)
     assert [s.name for s in out] == [s.name for s in base] + [f"{s.name}_drop" for s in base]
     assert [s.count_search_window for s in out] == [True] * len(base) + [False] * len(base)
-    config = replay.study_config(replay.base_config(), out[-1], {}, 2.0, 0, tmp_path)
+    config = study_config(base_config(), out[-1], {}, 2.0, 0, tmp_path)
     assert not config.study.count_search_window and config.study.candidate_windows == 2
     config.study.repeats = 0  # then the window is all the winner has, and counts
     assert config.study.keeps_search_window and config.study.candidate_windows == 1

@@ -1,8 +1,9 @@
 """A stage whose winner read just under an SLO once confirms the next trial that met it.
 
-Replayed through the real StudyRunner on a one-knob GPU landscape (benchmarks/gpu_replay.py's
-harness): TP 4 serves the most per GPU but is truly 5 % over the TTFT SLO, and its first window
-reads 1 % under it; TP 8 meets the SLO with room; vLLM's default, TP 1, misses it by far.
+Replayed through the real StudyRunner on a one-knob GPU landscape (tuner.testing.gpu_landscape,
+the harness of benchmarks/gpu_replay.py): TP 4 serves the most per GPU but is truly 5 % over
+the TTFT SLO, and its first window reads 1 % under it; TP 8 meets the SLO with room; vLLM's
+default, TP 1, misses it by far.
 """
 
 from __future__ import annotations
@@ -12,11 +13,9 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from benchmarks import gpu_replay
-from benchmarks.gpu_landscape import GPU_PARAM, GpuLandscape, GpuSlo
-from benchmarks.landscape import Key, Measured
-from benchmarks.lookup import StudyStrategy, run_study
-from benchmarks.replay import categorical_space
+from tuner.testing.gpu_landscape import GPU_PARAM, GpuLandscape, GpuSlo, gpu_config, groups_of
+from tuner.testing.landscape import Key, Measured
+from tuner.testing.lookup import StudyStrategy, categorical_space, run_study
 
 SLO = GpuSlo(p99_ttft_s=1.0, p99_tpot_s=100.0)
 LUCKY = (4,)
@@ -73,9 +72,9 @@ def test_a_winner_that_fails_its_repeats_gives_way_to_one_that_met_the_slos(
     over. With 3 the stage has nothing left to pay for it, and the feasibility step keeps the
     nearest miss, TP 4 (its repeats 5 % over, TP 1's 200 %)."""
     land = LuckyOnce()
-    groups = gpu_replay.groups_of(land, ["parallelism"])
+    groups = groups_of(land, ["parallelism"])
     strategy = StudyStrategy("staged", "staged", "tpe", trials, repeats=1)
-    config = gpu_replay.gpu_config(land, SLO)
+    config = gpu_config(land, SLO)
     trace = run_study(land, config, strategy, categorical_space(land, groups), 0.0, seed=0)
     assert land.drawn >= 2  # TP 4 was searched, then re-measured
     assert trace.selected[-1] == (handed_over,)
@@ -92,9 +91,9 @@ def test_the_passed_over_winner_leads_the_next_stage_to_the_optimum() -> None:
         truths[(tp, 16)] = _point(per_gpu, tp, ttft)
         truths[(tp, 8)] = _point(per_gpu * 0.94, tp, ttft * 2 / 3)
     land = LuckyOnce(truths, caps=True)
-    groups = gpu_replay.groups_of(land, ["parallelism", "batching"])
+    groups = groups_of(land, ["parallelism", "batching"])
     strategy = StudyStrategy("staged", "staged", "tpe", 4, repeats=1)
-    config = gpu_replay.gpu_config(land, SLO)
+    config = gpu_config(land, SLO)
     config.server.args["max_num_seqs"] = 16  # the default as a point of the batching space
     trace = run_study(land, config, strategy, categorical_space(land, groups), 0.0, seed=0)
     assert (8, 16) in trace.selected  # the runner-up was handed the incumbency first

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks import silicon
-from benchmarks.gpu_landscape import GPU_PARAM
+from tuner.testing.gpu_landscape import GPU_PARAM
 
 COLUMNS = [
     "id",

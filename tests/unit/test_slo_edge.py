@@ -4,22 +4,15 @@ point just over the SLO reads under it as often, and only more windows tell the 
 from __future__ import annotations
 
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 
-from tests.fakes.grid_table import load_replay
 from tests.unit.test_study import Scripted
 from tuner.scoring.feasibility import Edge, edges
 from tuner.study.session import outcome_lines
 from tuner.study.stages import Incumbent, StudyResult
 
 NAMES = ["p99_e2e_latency", "output_throughput"]
-
-
-@pytest.fixture(scope="module")
-def replay() -> ModuleType:
-    return load_replay()
 
 
 def test_edges_by_hand() -> None:
@@ -80,15 +73,12 @@ def test_the_summary_names_an_edge_and_not_a_clear_margin() -> None:
     assert not any("EDGE" in line for line in outcome_lines("q", NAMES, 1, StudyResult(base, far)))
 
 
-def test_a_study_hands_over_the_windows_its_decision_was_judged_on(
-    replay: ModuleType, tmp_path: Path
-) -> None:
+def test_a_study_hands_over_the_windows_its_decision_was_judged_on(tmp_path: Path) -> None:
     """The winner's P99 reads 2.3 s in its search window, then 2.7 and 2.4 s, against a 2.6 s
     SLO. Its fresh windows alone judge its constraints (the search window is the draw that read
     best): met on their mean by 1.9 %, one of the two over. The hand-over carries those two
     windows, and the summary says the SLO is on its edge."""
     run = Scripted(
-        replay,
         tmp_path,
         {
             None: [(1000, 3.0)] * 3,

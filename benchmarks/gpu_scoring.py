@@ -1,138 +1,30 @@
-"""A GPU landscape: one true measurement per configuration, noise drawn per launch, and its score.
+"""A run on a GPU landscape (tuner.testing.gpu_landscape) and its score.
 
-The CPU tables (benchmarks.landscape) hold measured repeats and score output tok/s under a P99
-E2E SLO. Here each configuration has one *truth* (a silicon measurement or an estimate turned
-into a client's view by benchmarks.queueing) and every launch sees it through multiplicative
-noise at a stated coefficient of variation: independent factors ``max(0.05, 1 + cv * z)``,
-``z ~ N(0, 1)``, one for the throughput (tokens and requests), one for TTFT, one for TPOT and
-E2E. The objective is output tokens/s per GPU (TP) under P99 TTFT and P99 TPOT SLOs; the
-hypervolume is over (tok/s per GPU, tok/s per user), both maximised, from (0, 0).
+Scored as benchmarks.scoring scores a CPU table's runs, but per GPU: the objective is output
+tokens/s per GPU (TP) under P99 TTFT and P99 TPOT SLOs, and the hypervolume is over (tok/s per
+GPU, tok/s per user), both maximised, from (0, 0).
 """
 
 from __future__ import annotations
 
-import math
 import statistics
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from benchmarks.landscape import Key, Landscape, Measured, hypervolume_2d
-from benchmarks.queueing import Served
 from benchmarks.scoring import (
     HV_AT,
     TARGET,
-    RunTrace,
     baseline_launches,
     first_reaching,
     without_baseline,
     worse_switches,
 )
-
-GPU_PARAM = "tensor_parallel_size"
-WINDOW_S = 60.0  # a GPU study's window: only sets the request count of a replayed outcome
-
-
-def measured(served: Served | None, reason: str = "does_not_fit") -> Measured:
-    """A client's measurement of one server (a failed start when ``served`` is None)."""
-    if served is None:
-        none = dict.fromkeys(
-            ("p50_e2e_s", "p99_e2e_s", "p50_ttft_s", "p99_ttft_s")
-        ) | dict.fromkeys(("p50_tpot_s", "p99_tpot_s"))
-        return Measured(
-            False,
-            reason,
-            **none,
-            output_tok_s=0.0,
-            request_per_s=0.0,
-            error_rate=1.0,
-            completed=0,
-            failed=0,
-        )
-    return Measured(
-        ok=True,
-        reason="",
-        p50_e2e_s=served.p50_e2e_s,
-        p99_e2e_s=served.p99_e2e_s,
-        p50_ttft_s=served.p50_ttft_s,
-        p99_ttft_s=served.p99_ttft_s,
-        p50_tpot_s=served.tpot_s,
-        p99_tpot_s=served.tpot_s,
-        output_tok_s=served.output_tok_s,
-        request_per_s=served.request_per_s,
-        error_rate=0.0,
-        completed=max(1, round(served.request_per_s * WINDOW_S)),
-        failed=0,
-    )
-
-
-@dataclass(frozen=True)
-class GpuSlo:
-    p99_ttft_s: float
-    p99_tpot_s: float
-
-    def met(self, m: Measured) -> bool:
-        return (
-            m.ok
-            and (m.p99_ttft_s or math.inf) <= self.p99_ttft_s
-            and (m.p99_tpot_s or math.inf) <= self.p99_tpot_s
-        )
-
-
-class GpuLandscape(Landscape):
-    """``{key: [truth]}`` with per-launch multiplicative noise at ``cv``."""
-
-    def __init__(
-        self,
-        params: Sequence[str],
-        table: Mapping[Key, Measured],
-        defaults: Mapping[str, Any],
-        cv: float = 0.0,
-    ) -> None:
-        super().__init__(params, {k: [m] for k, m in table.items()}, defaults)
-        self.cv = cv
-
-    def with_noise(self, cv: float) -> GpuLandscape:
-        return GpuLandscape(self.params, self.truths(), self.defaults, cv)
-
-    def truths(self) -> dict[Key, Measured]:
-        return {k: reps[0] for k, reps in self.table.items()}
-
-    def true(self, key: Key) -> Measured:
-        return self.table[key][0]
-
-    def gpus(self, key: Key) -> int:
-        return int(self.params_of(key).get(GPU_PARAM) or 1)
-
-    def per_gpu(self, key: Key, m: Measured | None = None) -> float:
-        return (m or self.true(key)).output_tok_s / self.gpus(key)
-
-    def per_user(self, key: Key) -> float:
-        tpot = self.true(key).p50_tpot_s
-        return 1.0 / tpot if tpot else 0.0
-
-    def draw(self, key: Key, rng: np.random.Generator) -> Measured:
-        m = super().draw(key, rng)
-        if not m.ok or self.cv == 0:
-            return m
-        tok, ttft, tpot = (max(0.05, 1 + self.cv * z) for z in rng.standard_normal(3))
-        return replace(
-            m,
-            output_tok_s=m.output_tok_s * tok,
-            request_per_s=m.request_per_s * tok,
-            p50_ttft_s=_times(m.p50_ttft_s, ttft),
-            p99_ttft_s=_times(m.p99_ttft_s, ttft),
-            p50_tpot_s=_times(m.p50_tpot_s, tpot),
-            p99_tpot_s=_times(m.p99_tpot_s, tpot),
-            p50_e2e_s=_times(m.p50_e2e_s, tpot),
-            p99_e2e_s=_times(m.p99_e2e_s, tpot),
-        )
-
-
-def _times(value: float | None, factor: float) -> float | None:
-    return None if value is None else value * factor
+from tuner.testing.gpu_landscape import GpuLandscape, GpuSlo
+from tuner.testing.landscape import Key, hypervolume_2d
+from tuner.testing.run_trace import RunTrace
 
 
 # ---- the reference -------------------------------------------------------------------------

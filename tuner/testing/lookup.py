@@ -1,10 +1,11 @@
 """A StudyRunner whose trials look measurements up in a landscape instead of starting servers.
 
-:func:`run_study` runs tuner's own :class:`tuner.StudyRunner` (samplers from the registry,
-search_space, evaluation, the acceptance rule, a real Optuna SQLite storage) with
+:func:`run_study` runs tuner's own :class:`~tuner.study.runner.StudyRunner` (samplers from the
+registry, search_space, evaluation, the acceptance rule, a real Optuna SQLite storage) with
 :func:`lookup_trials` as its ``trial_fn``, the runner's public seam for the trial function:
 each launch draws one of its configuration's measured repeats, and the run's launches and
-stored decisions come back as a :class:`~benchmarks.scoring.RunTrace`.
+stored decisions come back as a :class:`~tuner.testing.run_trace.RunTrace`. The tests drive a
+StudyRunner of their own with the same pieces (:func:`study_config`, :func:`lookup_trials`).
 """
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ import contextlib
 import copy
 import logging
 import tempfile
-from collections.abc import Iterator, Mapping
+import warnings
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -21,27 +23,21 @@ from typing import Any
 import numpy as np
 import optuna
 
-from benchmarks.landscape import MAX_ERROR_RATE, Landscape, Measured
-from benchmarks.scoring import Launch, RunTrace, incumbent_timeline
-from tuner import (
-    Decision,
-    Evaluator,
-    LaunchSpec,
-    Measurements,
-    MetricStats,
-    ParamSpec,
-    Planner,
-    Prescreen,
-    SamplerConfig,
-    StudyAttr,
-    StudyRunner,
-    TrialFn,
-    TrialOutcome,
-    TrialStatus,
-    TunerConfig,
-    TunerError,
-    meets,
-)
+from tuner.composition import compose
+from tuner.config import ParamSpec, SamplerConfig, TunerConfig
+from tuner.errors import TunerError
+from tuner.measurement.stats import Measurements, MetricStats
+from tuner.plan.planner import Planner
+from tuner.schema import StudyAttr, TrialStatus
+from tuner.scoring.feasibility import meets
+from tuner.search.launch import LaunchSpec
+from tuner.study.acceptance import Decision
+from tuner.study.evaluation import Evaluator
+from tuner.study.prescreen import Prescreen
+from tuner.study.runner import StudyRunner, TrialFn
+from tuner.testing.landscape import MAX_ERROR_RATE, Landscape, Measured
+from tuner.testing.run_trace import Launch, RunTrace, incumbent_timeline
+from tuner.trial.outcome import TrialOutcome
 
 WINDOW_S = 10.0  # the grid's window: only used to rebuild counts from rates
 # The study's SQLite file: in memory-backed /dev/shm when there is one (a commit there costs
@@ -141,6 +137,30 @@ class StudyStrategy:
     # best points first in each stage (the base config must name the system and model)
     prescreen: bool = False
     stages: tuple[str, ...] = ()  # study.stages when a group comes twice (default: the space's)
+
+
+def base_config() -> TunerConfig:
+    """The configuration a replay starts from: compose([]) as the CPU tables measured it, with
+    Optuna's and the study's expected warnings silenced (a replay runs thousands of trials)."""
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
+    warnings.filterwarnings("ignore", category=FutureWarning)
+    # StudyRunner records heartbeats around its ask/tell trials on purpose: not a mistake here.
+    warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used")
+    # The tables measured vLLM's defaults plus the CPU server's fixed args, not the
+    # quickstart's under-tuned deployment command.
+    return compose(["server.from_command=null"])
+
+
+def categorical_space(
+    land: Landscape, groups: Mapping[str, Sequence[str]]
+) -> dict[str, dict[str, ParamSpec]]:
+    """Each param as a categorical over the table's values, grouped into stages."""
+    axes = land.values()
+    return {
+        group: {p: ParamSpec(type="categorical", choices=list(axes[p])) for p in params}
+        for group, params in groups.items()
+    }
 
 
 def study_config(
