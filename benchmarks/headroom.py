@@ -1,5 +1,5 @@
 """How much load can one Locust process drive? Tuner's client against the fake streaming server
-with known delays (tests/fakes/sse_server.py), growing concurrency at a short inter-token gap:
+with known delays (tuner/testing/sse_server.py), growing concurrency at a short inter-token gap:
 the SSE events/s one Locust process sustains before its TTFT P99 moves by 5 ms. The fake runs
 in this process and records the delays it really achieved, so the client's own share of a TTFT
 shift (client P99 - server P99) is reported next to the raw shift.
@@ -61,8 +61,8 @@ class CpuWatch:
 
 
 def headroom(args: argparse.Namespace) -> dict[str, Any]:
-    from tests.fakes import make_tiny_tokenizer
-    from tests.fakes.sse_server import FakeConfig, FakeServer
+    from tuner.testing.sse_server import FakeConfig, FakeServer
+    from tuner.testing.tiny_tokenizer import make_tiny_tokenizer
 
     tok = ROOT / "models" / "tiny-llama"
     levels: list[dict[str, Any]] = []

@@ -1,6 +1,6 @@
 """A stand-in for vLLM on a GPU host that has no GPU: started by the real vLLM backend (as
 ``server.launcher``), it takes vLLM's flags, records the devices it was given and serves the
-OpenAI streaming API of :mod:`tests.fakes.sse_server`.
+OpenAI streaming API of :mod:`tuner.testing.sse_server`.
 
 What it saw (its ``CUDA_VISIBLE_DEVICES``, its tensor/pipeline sizes, its pid and the wall time
 it started and stopped) goes to its log (the trial's server.log) and, one JSON line per start,
@@ -19,7 +19,7 @@ import sys
 import time
 from typing import Any
 
-from tests.fakes.sse_server import FakeConfig, FakeServer
+from tuner.testing.sse_server import FakeConfig, FakeServer
 
 RECORD_ENV = "TUNER_FAKE_GPU_RECORD"
 ITL_S = 0.005

@@ -1,7 +1,7 @@
-"""The known-delay streaming server of :mod:`tests.fakes.sse_server` with a known capacity: at most
-``slots`` requests are served at once, the others wait in a queue (as vLLM's scheduler holds
-requests beyond ``max_num_seqs``), so the server completes at most ``slots / service time``
-requests per second and its latencies grow without bound beyond that rate.
+"""The known-delay streaming server of :mod:`tuner.testing.sse_server` with a known capacity:
+at most ``slots`` requests are served at once, the others wait in a queue (as vLLM's scheduler
+holds requests beyond ``max_num_seqs``), so the server completes at most ``slots / service
+time`` requests per second and its latencies grow without bound beyond that rate.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import threading
 import time
 from typing import Any
 
-from tests.fakes.sse_server import FakeConfig, FakeServer, _Handler
+from tuner.testing.sse_server import FakeConfig, FakeServer, _Handler
 
 
 class _QueuedHandler(_Handler):

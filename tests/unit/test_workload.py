@@ -10,10 +10,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-from tests.fakes import make_tiny_tokenizer
 from tuner.config.workload import LengthDist, RequestClass, WorkloadConfig
 from tuner.errors import ConfigError
 from tuner.loadgen import request_plan as wl
+from tuner.testing.tiny_tokenizer import make_tiny_tokenizer
 
 
 @pytest.fixture(scope="module")

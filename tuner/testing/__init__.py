@@ -13,7 +13,9 @@ a local stand-in.
 - :mod:`~tuner.testing.lookup`: a real :class:`~tuner.study.runner.StudyRunner` whose trial
   function looks each launch up in a landscape, and the run's trace
   (:mod:`~tuner.testing.run_trace`);
-- :mod:`~tuner.testing.grid_table`: a small synthetic grid table with known answers.
+- :mod:`~tuner.testing.grid_table`: a small synthetic grid table with known answers;
+- :mod:`~tuner.testing.sse_server`: a streaming OpenAI-compatible server with known delays;
+- :mod:`~tuner.testing.tiny_tokenizer`: a tokenizer trained on the spot (no download).
 
 Submodules are imported by name (``from tuner.testing.lookup import StudyStrategy``): this
 package imports none of them, so that loading one stand-in does not load the study machinery.
