@@ -367,3 +367,13 @@ def test_client_means_over_the_servers_own_and_the_lag_warning() -> None:
     assert client_lag_warning({"tpot": 1.0, "e2e": 1.10}, 1.10) is not None
     assert client_lag_warning({"tpot": 0.909}, 1.10) is not None  # just under 1 / 1.10
     assert client_lag_warning({}, 1.10) is None  # no /metrics: nothing to compare
+
+
+def test_hit_rate_is_the_share_of_queried_prefix_tokens_hit_between_two_scrapes() -> None:
+    from tuner.telemetry.metrics import COUNTERS, counter_deltas
+
+    hits, queries = COUNTERS["prefix_cache_hits"], COUNTERS["prefix_cache_queries"]
+    before = {hits: 100.0, queries: 1000.0}
+    after = counter_deltas(before, {hits: 130.0, queries: 1100.0})
+    assert after["prefix_cache_hit_rate"] == pytest.approx(0.3)
+    assert "prefix_cache_hit_rate" not in counter_deltas(before, dict(before))  # nothing queried
