@@ -7,6 +7,8 @@
 - objectives/ and benchmarks/ import only that facade and ``tuner.testing`` (the test doubles
   and replay harness the tests share with the benchmarks, public like ``optuna.testing``; the
   benchmarks' own tests may reach inside, as tests/ does), and nothing edits ``sys.path``;
+- tests/ never imports benchmarks, benchmarks/ (its tests included) never imports tests, and
+  tuner imports neither;
 - only public Optuna APIs are used.
 """
 
@@ -153,6 +155,58 @@ def test_outside_code_imports_only_the_public_api(folder: str) -> None:
         if "sys.path" in path.read_text(encoding="utf-8"):
             bad.append(f"{path.relative_to(ROOT)} edits sys.path")
     assert not bad, "\n".join(bad)
+
+
+# Each tree may not import the other: what tests/ and benchmarks/ both need lives in
+# tuner.testing, so that either runs, moves or is left out of a package without the other.
+# tuner itself imports neither.
+FORBIDDEN = {"tests": ("benchmarks",), "benchmarks": ("tests",), "tuner": ("benchmarks", "tests")}
+IMPORT_CALLS = {"import_module", "__import__"}
+
+
+def imported_names(path: Path) -> Iterator[tuple[str, int]]:
+    """Every absolute module name the file imports: ``import x``, ``from x import y`` (anywhere,
+    functions and TYPE_CHECKING included) and a string literal handed to
+    ``importlib.import_module`` or ``__import__``."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            yield from ((alias.name, node.lineno) for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            yield node.module, node.lineno
+        elif isinstance(node, ast.Call) and node.args and _is_str(node.args[0]):
+            func = node.func
+            name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+            if name in IMPORT_CALLS:
+                yield node.args[0].value, node.lineno  # type: ignore[attr-defined]
+
+
+def crossings(path: Path, banned: tuple[str, ...]) -> list[tuple[str, int]]:
+    """The imports of ``path`` whose top-level package is one of ``banned``."""
+    return [(name, line) for name, line in imported_names(path) if name.split(".")[0] in banned]
+
+
+def test_tests_and_benchmarks_do_not_import_each_other() -> None:
+    bad = [
+        f"{path.relative_to(ROOT)}:{line} imports {name}"
+        for folder, banned in FORBIDDEN.items()
+        for path in sorted((ROOT / folder).rglob("*.py"))
+        for name, line in crossings(path, banned)
+    ]
+    assert not bad, "put what both need in tuner.testing:\n" + "\n".join(bad)
+
+
+def test_the_crossing_check_sees_every_form_of_import(tmp_path: Path) -> None:
+    sample = tmp_path / "sample.py"
+    sample.write_text(
+        "import benchmarks\nimport benchmarks.replay as r\nfrom benchmarks import replay\n"
+        "from benchmarks.scoring import HV_AT\nimport importlib\n"
+        "m = importlib.import_module('benchmarks.replay')\n"
+        "def f():\n    from benchmarks import gpu_replay\n    return __import__('benchmarks')\n"
+        "from tuner.testing import lookup\nimport benchmarks_like\nx = 'benchmarks.replay'\n"
+    )
+    lines = [line for _, line in crossings(sample, ("benchmarks",))]
+    assert lines == [1, 2, 3, 4, 6, 8, 9], lines
 
 
 def _is_public(target: str) -> bool:
