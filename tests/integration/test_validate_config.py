@@ -4,7 +4,6 @@ worker's end. One vLLM import for the module (~10-15 s here)."""
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -54,13 +53,15 @@ def _launch(**args: Any) -> LaunchSpec:
     return LaunchSpec(args=dict(args))
 
 
-def test_vllm_refuses_a_token_budget_below_max_model_len_in_milliseconds(
+def test_vllm_refuses_a_token_budget_below_max_model_len_in_its_one_warm_worker(
     validator: ConfigValidator,
 ) -> None:
-    started = time.monotonic()
+    # How fast a warm check answers is a figure for benchmarks/, not a timed test: on a shared
+    # 2-core host the first config vLLM builds took from 0.2 s to 10 s. What must hold is that
+    # every check is answered by the one worker that imported vLLM, and no server starts.
+    workers = [w.pid for w in _workers()]
     refused = validator.check(_launch(max_num_batched_tokens=1024, enable_chunked_prefill=False))
-    elapsed = time.monotonic() - started
-    assert refused is not None and elapsed < 1.0, elapsed
+    assert refused is not None
     assert MESSAGE in refused.reason and refused.reason.startswith("SchedulerConfig: ")
     assert refused.flags == ("--max-model-len 2048", "--max-num-batched-tokens 1024")
     for tokens, chunked in ((4096, False), (1024, True)):  # either cure is accepted
@@ -68,6 +69,7 @@ def test_vllm_refuses_a_token_budget_below_max_model_len_in_milliseconds(
             validator.check(_launch(max_num_batched_tokens=tokens, enable_chunked_prefill=chunked))
             is None
         )
+    assert [w.pid for w in _workers()] == workers and len(workers) == 1
 
 
 def test_a_bad_integer_names_its_flag_and_vllms_reason(validator: ConfigValidator) -> None:
@@ -89,12 +91,13 @@ def test_tuner_trial_preflight_is_one_line_exit_2_and_no_server(
     validator: ConfigValidator, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     base = ["trial", f"studies_dir={tmp_path}", "name=t"]
+    workers = [w.pid for w in _workers()]
     for bad in ("server.args.max_num_seqs=-4", "server.args.max_num_seqs=lots"):
-        started = time.monotonic()
         rc = main([*base, bad, "--trial-id", "x"])
-        elapsed = time.monotonic() - started
         err = capsys.readouterr().err.strip()
-        assert rc == 2 and elapsed < 2.0, (rc, elapsed)  # the worker is warm: no vLLM import
+        assert rc == 2, rc
+        # the warm worker answered: no second vLLM import
+        assert [w.pid for w in _workers()] == workers, workers
         assert len(err.splitlines()) == 1 and "vLLM rejects --max-num-seqs" in err, err
         assert "usage:" not in err
     assert not (tmp_path / "t" / "trials" / "x" / "server.log").exists()
