@@ -12,14 +12,21 @@ if [ "$#" -gt 0 ]; then  # the tests you name, as pytest takes them
   exec .venv/bin/python -m pytest "$@"
 fi
 # The unit tests, and the benchmarks' own tests of their code, share nothing but the CPU: two
-# at a time. The rest start real servers, time them and pin them to CPUs; one at a time, so
-# that no test measures another's load.
+# at a time. Of the tests that start servers, those that assert nothing a busy host changes
+# (placement, storage, refusals, process lifecycle: marked shares_host) also run two at a
+# time, a file to a worker. The rest time their servers and pin them to CPUs: one at a time,
+# so that no test measures another's load.
 echo "[test] pytest: unit and benchmark tests, two at a time"
 units=0
 .venv/bin/python -m pytest tests/unit benchmarks/tests -n 2 || units=$?
-echo "[test] pytest: integration, fault and end-to-end tests, one at a time"
+servers=(tests/integration tests/faults tests/e2e)
+echo "[test] pytest: server tests that share the host, two at a time"
+shared=0
+.venv/bin/python -m pytest "${servers[@]}" -m shares_host -n 2 --dist loadfile || shared=$?
+echo "[test] pytest: server tests that time or pin their servers, one at a time"
 rest=0
-.venv/bin/python -m pytest tests/integration tests/faults tests/e2e || rest=$?
-# a failure of either part fails the run, after both have reported
-if [ "$units" -ne 0 ]; then exit "$units"; fi
-exit "$rest"
+.venv/bin/python -m pytest "${servers[@]}" -m "not shares_host" || rest=$?
+# a failure of any part fails the run, after every part has reported
+for rc in "$units" "$shared" "$rest"; do
+  if [ "$rc" -ne 0 ]; then exit "$rc"; fi
+done

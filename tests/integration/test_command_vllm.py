@@ -23,7 +23,7 @@ from tuner.errors import ConfigError
 from tuner.server import vllm_parser
 from tuner.server.from_command import parse_command, parse_config_file
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.shares_host]
 PY = sys.executable
 COMMAND = (
     "VLLM_CPU_KVCACHE_SPACE=2 HF_TOKEN=hf_command_secret vllm serve {model} --max-num-seqs 8 "

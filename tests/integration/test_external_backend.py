@@ -22,7 +22,7 @@ from tests.conftest import ROOT, TINY_MODEL
 from tuner.cli import main
 from tuner.host.children import free_port
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.shares_host]
 KEY = "sk-external-test-7788"
 FAST = [
     "quality.enabled=false",

@@ -10,7 +10,7 @@ from tests.fakes.sse_server import FakeConfig, FakeServer
 from tuner.loadgen.generator import Target
 from tuner.quality import QualityConfig, QualityOutputs, load_items, run_quality_set, score
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.shares_host]
 
 
 def test_quality_set_against_local_server(tmp_path: Path) -> None:

@@ -34,7 +34,7 @@ from tuner.trial.run import run_trial
 loopback_only()  # before Ray is imported: the instance listens on loopback only
 import ray  # noqa: E402
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.shares_host]
 GPUS, CPUS, PROCESSES = 8, 32, 2
 
 

@@ -44,7 +44,7 @@ from tuner.study.runner import StudyRunner
 loopback_only()  # before Ray is imported: the instance listens on loopback only
 import ray  # noqa: E402
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.shares_host]
 FINGERPRINT = {"driver": "ray_study"}  # what tests/fakes/ray_study.py's driver uses
 
 

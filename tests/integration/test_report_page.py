@@ -24,7 +24,7 @@ from tuner.review.render import write_report
 from tuner.review.report import build_report
 from tuner.review.stored import open_review
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.shares_host]
 
 CHROMIUM = Path("/usr/bin/chromium")
 WIDTH, HEIGHT = 1400, 2400

@@ -25,7 +25,7 @@ from tuner.paths import StudyPaths
 from tuner.redact import MASK
 from tuner.review.artifacts import artifact_store, upload_trial_artifacts, write_study_note
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.shares_host]
 
 
 @pytest.fixture

@@ -21,7 +21,7 @@ from tests.conftest import ROOT
 from tuner.errors import ConfigError
 from tuner.study.lease import Holder, RunLease, take_lease
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.shares_host]
 PG = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 
 HOLD = """

@@ -15,7 +15,7 @@ import pytest
 
 from tests.conftest import ROOT, leftover_processes
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.shares_host]
 
 BASE = [
     "study=llama8b_h100",

@@ -26,16 +26,20 @@ from tuner.study.runner import StudyRunner
 from tuner.study.stages import launched_trials
 from tuner.trial.outcome import REASON_INVALID_CONFIG, TrialOutcome
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.shares_host]
 MESSAGE = "max_num_batched_tokens (1024) is smaller than max_model_len (2048)"
 
 
 def _workers() -> list[psutil.Process]:
-    return [
-        p
-        for p in psutil.process_iter(["cmdline"])
-        if any("_vllm_config_worker.py" in part for part in p.info["cmdline"] or [])
-    ]
+    """This test process's config workers (another test process may run its own)."""
+    found = []
+    for proc in psutil.Process().children(recursive=True):
+        try:
+            if any("_vllm_config_worker.py" in part for part in proc.cmdline()):
+                found.append(proc)
+        except psutil.Error:
+            continue  # gone meanwhile
+    return found
 
 
 @pytest.fixture(scope="module")

