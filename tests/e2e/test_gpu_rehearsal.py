@@ -4,10 +4,10 @@ report`, `tuner export --format k8s`, `tuner capacity`, and `tuner check` of the
 deployed on the simulated host. Everything but the GPUs is real: the CLI, Ray, vLLM's parser,
 Locust, SQLite, the review.
 
-The rehearsal shrinks the study, and says how: two of its stages, two trials a stage, one
-confirmation round, short windows and fewer users; the presets' SLOs and objectives stand as
-shipped. The same test runs
-against real vLLM on a GPU node with ``TUNER_REHEARSAL_REAL=1`` (scripts/gpu_rehearsal_check.py).
+The rehearsal shrinks the study, and says how: the stages that reach the GPUs, two trials a
+stage, one confirmation round, short windows and fewer users; the presets' SLOs and objectives
+stand as shipped. The same test runs against real vLLM on a GPU node with
+``TUNER_REHEARSAL_REAL=1`` (scripts/gpu_rehearsal_check.py).
 """
 
 from __future__ import annotations
@@ -53,14 +53,14 @@ if not REAL:  # a real node's GPUs and cores are what Ray detects
     RAY += ["ray.num_gpus=8", "ray.num_cpus=32"]
 # Each preset's GPU system (its plan.system): the host the exported config is deployed on
 SYSTEMS = {"llama8b_h100": "h100_sxm", "llama70b_8xh200": "h200_sxm"}
-# Two of each preset's stages on the simulated host, chosen for what reaches the GPUs: tensor
-# and pipeline parallelism (GPU sets, points that need more GPUs than the node) and then, on the
-# GPUs it frees, batching side by side for the 8-GPU preset; fp8 (weights and KV cache in
-# memory) and batching for the one-GPU preset. A launch costs the simulated host ~10 s of CPU
-# (vLLM's parser, AIConfigurator); every stage's search is the same code whatever its flags,
-# and the unit tests cover each stage.
+# The preset's stages that reach the GPUs, on the simulated host. The 8-GPU preset: tensor
+# and pipeline parallelism (GPU sets, points that need more GPUs than the node), then batching,
+# side by side on the GPUs the chosen TP frees. The one-GPU preset: fp8 (weights and KV cache
+# in memory), its trials and confirmations side by side. A launch costs the simulated host
+# ~10 s of CPU (vLLM's parser, AIConfigurator); every stage's search is the same code whatever
+# its flags, and the unit tests cover each stage.
 STAGES = {
-    "llama8b_h100": "[quantization,batching]",
+    "llama8b_h100": "[quantization]",
     "llama70b_8xh200": "[parallelism,batching]",
 }
 PRESETS = [os.environ["TUNER_REHEARSAL_PRESET"]] if REAL else list(SYSTEMS)
