@@ -206,32 +206,49 @@ def test_a_second_class_with_the_same_name_is_rejected(monkeypatch: pytest.Monke
         obj.register_objective(Clash)
 
 
-def test_dropping_the_readme_example_into_a_plugin_folder_registers_it(
+def _installed_plugin(site: Path, module: str, code: str) -> str:
+    """A package installed into ``site`` as pip installs one: its module and a dist-info
+    whose entry points declare it under tuner's group. Returns the distribution's name."""
+    dist = f"tuner-plugin-{module}"
+    (site / f"{module}.py").write_text(code)
+    info = site / f"{dist.replace('-', '_')}-0.1.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text(f"[{obj.ENTRY_POINT_GROUP}]\nmine = {module}\n")
+    return dist
+
+
+def test_an_installed_package_registers_the_readme_example_by_its_entry_point(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     code = re.search(r"```python\n(.*?)```", README.read_text(), re.S)
     assert code, "objectives/README.md must keep its example"
     module = f"plugin_{uuid.uuid4().hex[:8]}"
-    (tmp_path / f"{module}.py").write_text(code.group(1))
+    _installed_plugin(tmp_path, module, code.group(1))
+    monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.setattr(obj, "_OBJECTIVES", dict(obj._OBJECTIVES))
-    monkeypatch.setattr(objectives, "__path__", list(objectives.__path__))
+    path = list(objectives.__path__)
     try:
-        assert module in obj.load_plugins([tmp_path])
+        loaded = obj.load_plugins()
+        assert module in loaded and "objectives.latency" in loaded
         p95 = get_objective("p95_tpot")
         m = meas()
         m.tpot = MetricStats(n=10, p95=0.042)
         assert p95.direction == "minimize" and p95.value(m, ObjectiveContext()) == 0.042
+        assert list(objectives.__path__) == path  # nothing patched into the package
     finally:
-        sys.modules.pop(f"objectives.{module}", None)
+        sys.modules.pop(module, None)
 
 
-def test_a_broken_plugin_names_itself(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_broken_plugin_names_itself_and_its_package(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     module = f"broken_{uuid.uuid4().hex[:8]}"
-    (tmp_path / f"{module}.py").write_text("raise RuntimeError('oops')\n")
-    monkeypatch.setattr(objectives, "__path__", list(objectives.__path__))
+    dist = _installed_plugin(tmp_path, module, "raise RuntimeError('oops')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
     with pytest.raises(ConfigError) as err:
-        obj.load_plugins([tmp_path])
+        obj.load_plugins()
     assert err.value.one_line() == (
         f"objectives plugin {module!r} failed to import: RuntimeError: oops "
-        f"(fix or remove objectives/{module}.py)"
+        f"(fix or uninstall {dist})"
     )

@@ -16,8 +16,9 @@ Implementations live in the top-level ``objectives/`` package and register thems
         def value(self, m: Measurements, ctx: ObjectiveContext) -> float:
             return stat_or_nan(m.e2e.p99)
 
-:func:`load_plugins` imports every module of ``objectives/``, so a user adds one by dropping a
-module there. Unknown names raise :class:`~tuner.errors.ConfigError` listing the known ones.
+:func:`load_plugins` imports every module of ``objectives/`` and every module that an installed
+package declares under the ``tuner.objectives`` entry-point group. Unknown names raise
+:class:`~tuner.errors.ConfigError` listing the known ones.
 
 Missing data is never a good number: an objective returns NaN when a statistic does not exist
 (Optuna then fails the trial), a constraint returns :data:`NO_DATA_VIOLATION`, and a trial whose
@@ -32,9 +33,8 @@ import math
 import os
 import pkgutil
 from abc import ABC, abstractmethod
-from collections.abc import Iterable
 from dataclasses import dataclass, field
-from pathlib import Path
+from importlib import metadata
 from typing import ClassVar, Literal, TypeVar
 
 from tuner.config import CostConfig, ObjectivesConfig, SloConfig
@@ -48,6 +48,8 @@ MINIMIZE: Direction = "minimize"
 MAXIMIZE: Direction = "maximize"
 DIRECTIONS: tuple[Direction, ...] = (MINIMIZE, MAXIMIZE)
 PLUGIN_PACKAGE = "objectives"
+# The entry-point group under which an installed package declares objective modules of its own
+ENTRY_POINT_GROUP = "tuner.objectives"
 # A violation for "this constraint cannot be checked because there is no data". Large enough to
 # rank below any measured violation, finite so it survives JSON (Optuna stores constraints as
 # JSON system attrs, and the dashboard cannot read Infinity).
@@ -157,34 +159,39 @@ def register_constraint(cls: ConstraintT) -> ConstraintT:
     return cls
 
 
-def load_plugins(extra_paths: Iterable[str | Path] = ()) -> list[str]:
-    """Import every module of the ``objectives`` package (and of ``extra_paths``).
+def load_plugins() -> list[str]:
+    """Import the built-in objectives and the plugins installed packages declare.
 
-    Extra folders are appended to the package's ``__path__``, so their modules import as
-    ``objectives.<module>`` and may use relative imports like the built-ins. Returns the names of
-    the modules imported.
+    The built-ins are every module of the ``objectives`` package. A package of your own
+    declares its modules under the ``tuner.objectives`` entry-point group (see README.md), so
+    that installing it is all it takes; nothing is added to any import path. Returns the
+    modules imported.
     """
     global _loaded
     package = importlib.import_module(PLUGIN_PACKAGE)
-    for extra in extra_paths:
-        if str(extra) not in package.__path__:
-            package.__path__.append(str(extra))
-    names = [m.name for m in pkgutil.iter_modules(package.__path__) if not m.name.startswith("_")]
-    for name in names:
-        _import_plugin(name)
+    names = []
+    for found in pkgutil.iter_modules(package.__path__):
+        if not found.name.startswith("_"):
+            name = f"{PLUGIN_PACKAGE}.{found.name}"
+            _import_plugin(name, f"fix or remove {PLUGIN_PACKAGE}/{found.name}.py")
+            names.append(name)
+    for entry in metadata.entry_points(group=ENTRY_POINT_GROUP):
+        owner = entry.dist.name if entry.dist is not None else "its package"
+        _import_plugin(entry.module, f"fix or uninstall {owner}")
+        names.append(entry.module)
     _loaded = True
     return names
 
 
-def _import_plugin(name: str) -> None:
+def _import_plugin(module: str, hint: str) -> None:
     try:
-        importlib.import_module(f"{PLUGIN_PACKAGE}.{name}")
+        importlib.import_module(module)
     except ConfigError:
         raise  # e.g. a name registered twice: already says what to do
     except Exception as exc:  # a user's module: report which one, not a bare traceback
         raise ConfigError(
-            f"objectives plugin {name!r} failed to import: {type(exc).__name__}: {exc}",
-            hint=f"fix or remove objectives/{name}.py",
+            f"objectives plugin {module!r} failed to import: {type(exc).__name__}: {exc}",
+            hint=hint,
         ) from exc
 
 
@@ -211,7 +218,7 @@ def get_objective(name: str) -> Objective:
     except KeyError:
         raise ConfigError(
             f"objective {name!r} is unknown (known: {', '.join(known_objectives())})",
-            hint="fix objectives.names / objectives.select_by, or add a module to objectives/",
+            hint="fix objectives.names / objectives.select_by, or install the plugin defining it",
         ) from None
 
 
@@ -223,7 +230,7 @@ def get_constraint(name: str) -> Constraint:
     except KeyError:
         raise ConfigError(
             f"constraint {name!r} is unknown (known: {', '.join(known_constraints())})",
-            hint="fix objectives.constraints, or add a module to objectives/",
+            hint="fix objectives.constraints, or install the plugin that defines it",
         ) from None
 
 
