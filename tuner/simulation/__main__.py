@@ -123,7 +123,7 @@ def main(argv: list[str]) -> None:
 def serve(physics: Any, values: dict[str, Any], devices: list[int], time_scale: float) -> None:
     from aiohttp import web
 
-    from tuner.simulation.server import SimServer, make_app
+    from tuner.simulation.openai_api import SimServer, make_app
 
     names = values.get("served_model_name") or [values["model"]]
     sim = SimServer(
