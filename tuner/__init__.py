@@ -37,8 +37,8 @@ _OWNERS: dict[str, str] = {
     "TunerError": "tuner.errors",
     "ConfigError": "tuner.errors",
     # measurement
-    "Measurements": "tuner.measurement.stats",
-    "MetricStats": "tuner.measurement.stats",
+    "Measurements": "tuner.measurement.measurements",
+    "MetricStats": "tuner.measurement.measurements",
     "measure": "tuner.measurement.stats",
     "token_rate": "tuner.measurement.stats",
     "window_slices": "tuner.measurement.stats",
@@ -211,14 +211,9 @@ if TYPE_CHECKING:  # the same names, eagerly, for type checkers and IDEs
     from tuner.loadgen import LocustLoadGenerator, Target
     from tuner.loadgen.probe import ProbeRun, run_probe
     from tuner.loadgen.request_plan import build_plan
+    from tuner.measurement.measurements import Measurements, MetricStats
     from tuner.measurement.records import RequestRecord, read_records
-    from tuner.measurement.stats import (
-        Measurements,
-        MetricStats,
-        measure,
-        token_rate,
-        window_slices,
-    )
+    from tuner.measurement.stats import measure, token_rate, window_slices
     from tuner.paths import StudyPaths
     from tuner.plan.estimate import Estimator, Fit, PlanPoint
     from tuner.plan.fidelity import Agreement, estimate_vs_measured
