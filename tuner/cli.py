@@ -19,9 +19,10 @@ import traceback
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from tuner.cli_deployment import add_deployment
 from tuner.composition import compose
 from tuner.config import TunerConfig
-from tuner.console import RunDisplay, stamp
+from tuner.console import RunDisplay, say
 from tuner.errors import ConfigError, TunerError
 from tuner.host.placement import for_trial
 
@@ -38,10 +39,6 @@ def _quiet_libraries() -> None:
     warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
     # We drive the heartbeat ourselves around ask/tell (tuner.study.storage.Heartbeat).
     warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used")
-
-
-def _say(message: str) -> None:
-    print(stamp(message), file=sys.stderr, flush=True)
 
 
 def cmd_trial(args: argparse.Namespace) -> int:
@@ -67,7 +64,7 @@ def cmd_trial(args: argparse.Namespace) -> int:
     if validates(config.server):
         ConfigValidator(config.server).preflight(LaunchSpec())
     study.ensure()
-    outcome = run_trial(config, LaunchSpec(), paths, trial_id, progress=_say)
+    outcome = run_trial(config, LaunchSpec(), paths, trial_id, progress=say)
     _print_outcome(outcome)
     return 0 if outcome.ok else 1
 
@@ -221,7 +218,7 @@ def cmd_capacity(args: argparse.Namespace) -> int:
         args.window_s,
         args.max_steps,
     )
-    return capacity_command(request, progress=_say)
+    return capacity_command(request, progress=say)
 
 
 def _add_planning(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -243,77 +240,6 @@ def _add_planning(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     cap.set_defaults(func=cmd_capacity)
 
 
-def _client_cpus(text: str | None) -> tuple[int, ...] | None:
-    from tuner.host.placement import parse_cpus
-
-    return parse_cpus(text, "--client-cpus") if text else None
-
-
-def cmd_check(args: argparse.Namespace) -> int:
-    """Measure a running deployment with its evidence's workload: 0 pass, 1 regression,
-    3 unresolved (no regression seen, but some objective could not resolve check.resolve)."""
-    from tuner.deployment.check import CheckOptions, check_command
-
-    options = CheckOptions(
-        args.url,
-        args.evidence,
-        args.api_key_env,
-        args.windows,
-        args.out,
-        args.wait_s,
-        args.tokenizer,
-        _client_cpus(args.client_cpus),
-        args.max_windows,
-        args.resolve,
-    )
-    return check_command(options, say=_say)
-
-
-def cmd_compare(args: argparse.Namespace) -> int:
-    """Two running endpoints under one workload, interleaved: B better, worse or the same."""
-    from tuner.deployment.compare import CompareOptions, compare_command
-
-    options = CompareOptions(
-        args.url_a,
-        args.url_b,
-        args.api_key_env,
-        args.api_key_env_b,
-        args.windows,
-        args.out,
-        args.wait_s,
-        _client_cpus(args.client_cpus),
-        args.max_windows,
-    )
-    return compare_command(compose(args.overrides, args.config_dir), options, say=_say)
-
-
-def _add_endpoint_options(p: argparse.ArgumentParser, windows: int, out: str) -> None:
-    p.add_argument("--api-key-env", default=None, help="the variable holding the API key")
-    p.add_argument("--windows", type=int, default=windows, help=f"default: {windows}")
-    p.add_argument("--max-windows", type=int, default=12, help="to resolve check.resolve")
-    p.add_argument("--out", type=Path, default=Path(out), help=f"reports; default: {out}")
-    p.add_argument("--wait-s", type=float, default=30.0, help="for the endpoint to answer")
-    p.add_argument("--client-cpus", default=None, help="pin the load generator, e.g. 1")
-
-
-def _add_deployment(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    check = sub.add_parser("check", help="is a running deployment as good as its evidence")
-    check.add_argument("--url", required=True, help="the deployment, e.g. http://host:8000")
-    check.add_argument("--evidence", type=Path, required=True, help="export/evidence.json")
-    check.add_argument("--tokenizer", type=Path, default=None, help="local copy of the model")
-    check.add_argument("--resolve", type=float, default=None, help="instead of check.resolve")
-    _add_endpoint_options(check, 3, "tuner-check")
-    check.set_defaults(func=cmd_check)
-    compare = sub.add_parser("compare", help="two running endpoints, interleaved: B vs A")
-    compare.add_argument("overrides", nargs="*", help="Hydra overrides: workload, slo, model")
-    compare.add_argument("--url-a", required=True, help="the endpoint to compare with")
-    compare.add_argument("--url-b", required=True, help="the endpoint under test")
-    compare.add_argument("--api-key-env-b", default=None, help="B's key, if not --api-key-env")
-    compare.add_argument("--config-dir", type=Path, default=None, help="instead of conf/")
-    _add_endpoint_options(compare, 4, "tuner-compare")
-    compare.set_defaults(func=cmd_compare)
-
-
 def cmd_workload_fit(args: argparse.Namespace) -> int:
     """Write a workload YAML fitted to a trace or a running vLLM's metrics; print its fidelity."""
     from tuner.traffic.fit_command import FitRequest, fit_command
@@ -321,7 +247,7 @@ def cmd_workload_fit(args: argparse.Namespace) -> int:
     keys = ("layout", "start_s", "duration_s", "rate_scale", "window_s", "max_model_len")
     options = {k: getattr(args, k) for k in keys}
     request = FitRequest(args.out, args.from_trace, args.from_metrics, **options)
-    return fit_command(request, say=_say)
+    return fit_command(request, say=say)
 
 
 def _fit_error(message: str) -> None:
@@ -366,7 +292,7 @@ def build_parser() -> argparse.ArgumentParser:
     trial.set_defaults(func=cmd_trial)
     _add_review(sub)
     _add_planning(sub)
-    _add_deployment(sub)
+    add_deployment(sub)
     _add_workload(sub)
     cap = sub.add_parser("client-capacity", help="SSE events/s one load-generator process carries")
     cap.add_argument("--again", action="store_true", help="measure anew, replacing the stored one")
@@ -378,7 +304,7 @@ def cmd_client_capacity(args: argparse.Namespace) -> int:
     """Measure (or show the stored) client capacity of this host."""
     from tuner.loadgen import client_capacity
 
-    return client_capacity.command(again=args.again, say=_say)
+    return client_capacity.command(again=args.again, say=say)
 
 
 class _ArgumentParserError(ConfigError):

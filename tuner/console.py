@@ -22,6 +22,11 @@ def stamp(message: str) -> str:
     return f"[{time.strftime('%H:%M:%S')}] {message}"
 
 
+def say(message: str) -> None:
+    """One timestamped line on stderr: the commands' progress where no RunDisplay runs."""
+    print(stamp(message), file=sys.stderr, flush=True)
+
+
 class RunDisplay:
     """A context manager; :meth:`say` and :meth:`launches` are the study runner's hooks."""
 

@@ -29,7 +29,7 @@ PACKAGE = ROOT / "tuner"
 LAYERS: tuple[tuple[str, ...], ...] = (
     # test doubles and the replay harness: they drive a whole study, and nothing imports them
     ("testing",),
-    ("cli", "composition", "console"),
+    ("cli", "cli_deployment", "composition", "console"),
     ("deployment",),
     ("export",),
     ("review",),
