@@ -11,12 +11,13 @@ Timeline of one process: t0 (test start) → warm-up (``warmup_s``) → window (
 ``max_requests`` measured requests have started) → stop issuing → drain (requests already
 started finish, up to ``drain_timeout_s``; stragglers are recorded as cut off) → quit.
 
-With ``--processes N`` the processes run as one client: they share one t0 (the first to start
-sets it, :func:`_shared_t0`), so warm-up and window are the same instants in each; an open loop
-draws one arrival schedule and process ``i`` sends arrivals ``i, i+N, i+2N, ...`` with the plan
-entries one process would have sent; ``max_requests`` counts the measured arrivals of all of
-them (open loop) or is split exactly between them (closed loop). The merged records are then
-the single process's schedule, prompts and counts, only sent by several processes.
+With ``--processes N`` the processes run as one client (tuner.loadgen.process_share): they
+share one t0 (the first to start sets it), so warm-up and window are the same instants in each;
+an open loop draws one arrival schedule and process ``i`` sends arrivals ``i, i+N, i+2N, ...``
+with the plan entries one process would have sent; ``max_requests`` counts the measured
+arrivals of all of them (open loop) or is split exactly between them (closed loop). The merged
+records are then the single process's schedule, prompts and counts, only sent by several
+processes.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ from locust.exception import StopUser
 from locust.runners import MasterRunner, WorkerRunner
 from requests.adapters import HTTPAdapter
 
+from tuner.loadgen.process_share import closed_loop_quota, shared_t0
 from tuner.loadgen.request import consume, fail, prepare
 from tuner.loadgen.request_plan import arrival_gaps
 from tuner.measurement.records import (
@@ -368,30 +370,6 @@ def _on_init(environment: Environment, **_kw: Any) -> None:
         environment.runner.register_message(DONE_MESSAGE, _on_worker_done)
 
 
-def _shared_t0() -> float:
-    """The client's t0 (wall clock): the first process to start sets it, the others read it
-    (``os.link`` creates the file whole, or fails because it exists)."""
-    path = Path(f"{SPEC['records_prefix']}-t0.json")
-    mine = path.with_name(f"{path.name}.{os.getpid()}")
-    mine.write_text(json.dumps(time.time()))
-    try:
-        os.link(mine, path)
-    except FileExistsError:
-        pass
-    finally:
-        mine.unlink()
-    return float(json.loads(path.read_text()))
-
-
-def _quota(index: int) -> int | None:
-    """A closed loop's share of ``max_requests`` for process ``index``: the shares add up to
-    it exactly. None without a limit, or in an open loop (its schedule counts them all)."""
-    limit, share = SPEC["max_requests"], SPEC["processes"]
-    if not limit or SPEC["mode"] != "closed":
-        return None
-    return limit // share + (1 if index < limit % share else 0)
-
-
 @events.test_start.add_listener
 def _on_test_start(environment: Environment, **_kw: Any) -> None:
     global STATE
@@ -400,9 +378,10 @@ def _on_test_start(environment: Environment, **_kw: Any) -> None:
     pid = os.getpid()
     index = max(0, getattr(environment.runner, "worker_index", 0))
     records = open(f"{SPEC['records_prefix']}-{pid}.jsonl", "a", encoding="utf-8")  # noqa: SIM115
-    t0_wall = _shared_t0()
+    t0_wall = shared_t0(SPEC["records_prefix"])
     t0_perf = time.perf_counter() - (time.time() - t0_wall)  # the same instant, on this clock
-    STATE = RunState(t0_perf, t0_wall, pid, index, records, _quota(index))
+    quota = closed_loop_quota(index, SPEC["max_requests"], SPEC["processes"], SPEC["mode"])
+    STATE = RunState(t0_perf, t0_wall, pid, index, records, quota)
     STATE.next_plan = STATE.plan_start = index * (len(PLAN) // SPEC["processes"])
     STATE.write_info(finished=False)
     gevent.spawn(_control, environment)
