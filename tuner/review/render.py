@@ -16,7 +16,8 @@ import pandas as pd
 from tuner.errors import ArtifactError
 from tuner.redact import Redactor
 from tuner.review.diagnosis import RULE_MEANINGS
-from tuner.review.report import Report, SearchWindow, StageOutcome, build_report
+from tuner.review.report import Report, build_report
+from tuner.review.report_tables import SearchWindow, StageOutcome
 from tuner.review.stored import open_review, study_redactor
 
 FIGURE_TITLES = {
