@@ -19,7 +19,7 @@ from tuner.config import ParamSpec, ServerConfig, TunerConfig
 from tuner.plan.validate import ConfigValidator
 from tuner.schema import Role
 from tuner.search.launch import LaunchSpec
-from tuner.server import vllm_parser
+from tuner.server import vllm_engine_config
 from tuner.study.evaluation import Evaluator
 from tuner.study.prescreen import Prescreen
 from tuner.study.runner import StudyRunner
@@ -50,7 +50,7 @@ def validator() -> Iterator[ConfigValidator]:
     checker = ConfigValidator(server)
     checker.worker.start()  # the vLLM import, once
     yield checker
-    vllm_parser.close_config_workers()
+    vllm_engine_config.close_config_workers()
 
 
 def _launch(**args: Any) -> LaunchSpec:
@@ -196,7 +196,7 @@ def test_the_worker_ends_with_its_stdin(validator: ConfigValidator) -> None:
     assert [p.pid for p in _workers()] == [proc.pid]
     proc.stdin.close()  # what the death of the process that started it does to it
     assert proc.wait(timeout=10) == 0
-    vllm_parser.close_config_workers()
+    vllm_engine_config.close_config_workers()
     assert _workers() == []
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from tuner.plan.validate import explain, flag_values
 from tuner.server.vllm import classify_failure, root_cause, without_usage
-from tuner.server.vllm_parser import ConfigProblem, ConfigRejection
+from tuner.server.vllm_engine_config import ConfigProblem, ConfigRejection
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 ARGV = [

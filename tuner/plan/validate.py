@@ -1,10 +1,10 @@
 """vLLM's own config validation of a launch, before anything starts.
 
 The server's flags go to a warm worker in the server's interpreter
-(:class:`tuner.server.vllm_parser.ConfigWorker`), which builds vLLM's engine config the way the
-OpenAI server does before it loads weights. A launch it refuses would have cost a server start
-(seconds on a CPU, minutes on a GPU) to learn the same thing; here it costs milliseconds, and
-the answer names the flag and gives vLLM's reason in one line.
+(:class:`tuner.server.vllm_engine_config.ConfigWorker`), which builds vLLM's engine config
+the way the OpenAI server does before it loads weights. A launch it refuses would have cost a
+server start (seconds on a CPU, minutes on a GPU) to learn the same thing; here it costs
+milliseconds, and the answer names the flag and gives vLLM's reason in one line.
 """
 
 from __future__ import annotations
@@ -20,7 +20,12 @@ from tuner.config import ServerConfig
 from tuner.errors import PreflightError
 from tuner.search.launch import LaunchSpec
 from tuner.server import make_backend
-from tuner.server.vllm_parser import ConfigProblem, ConfigRejection, ConfigWorker, config_worker
+from tuner.server.vllm_engine_config import (
+    ConfigProblem,
+    ConfigRejection,
+    ConfigWorker,
+    config_worker,
+)
 
 _FLAG_RE = re.compile(r"^--[a-z0-9][a-z0-9-]*$")
 
