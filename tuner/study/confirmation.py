@@ -28,6 +28,7 @@ from tuner.study.acceptance import (
     ObjectiveChange,
     decide,
     objective_changes,
+    resolution_line,
 )
 from tuner.study.evaluation import Evaluated, Evaluator
 from tuner.study.flights import Want
@@ -69,6 +70,22 @@ class Confirmation:
         self.noise.add(incumbent_params, decision.incumbent_values)
         if decision.candidate_values:
             self.noise.add(decision.candidate_params, decision.candidate_values)
+
+    def learn_baseline(self, baseline: Incumbent, trials: list[optuna.trial.FrozenTrial]) -> str:
+        """Pool the baseline's windows; what their spread means for the study, said once
+        before the stages start (:func:`tuner.study.acceptance.resolution_line`)."""
+        self.noise.add(baseline.params, baseline.samples)
+        cfg = self.config.study
+        slices = [t.user_attrs.get(TrialAttr.WINDOW_SLICES) or [] for t in trials]
+        return resolution_line(
+            self.evaluator.select_by,
+            baseline.samples,
+            cfg.repeats,
+            cfg.min_gain,
+            cfg.pools_noise,
+            cfg.candidate_windows,
+            slices,
+        )
 
     def pooled(self) -> NoiseEstimate | None:
         return self.noise.estimate() if self.config.study.pools_noise else None

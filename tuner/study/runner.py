@@ -15,15 +15,15 @@ from typing import Any
 import optuna
 
 from tuner.config import TunerConfig
-from tuner.errors import ConfigError, StudyFailedError
+from tuner.errors import StudyFailedError
 from tuner.executor import DEVICES_ATTR, Executor, TrialFn, TrialResult, make_executor
 from tuner.paths import StudyPaths
 from tuner.quality import check_config
-from tuner.schema import Role, StudyAttr, TrialAttr, baseline_study, owns, stage_study
+from tuner.schema import Role, StudyAttr, TrialAttr, baseline_study, stage_study
 from tuner.search import space as search_space
 from tuner.search.samplers import make_sampler
 from tuner.server import LaunchSpec
-from tuner.study.acceptance import Decision, resolution_line
+from tuner.study.acceptance import Decision
 from tuner.study.budget import BudgetHook, LaunchBudget, modelled_extra, planned_launches
 from tuner.study.canonical import Canonical
 from tuner.study.confirmation import Confirmation
@@ -35,6 +35,7 @@ from tuner.study.lead import Following, next_lead
 from tuner.study.parallel import run_parallel_stage
 from tuner.study.prescreen import Prescreen
 from tuner.study.reference import QualityReference
+from tuner.study.resume import check_resumed, open_study
 from tuner.study.stages import (
     Incumbent,
     Stage,
@@ -55,7 +56,7 @@ from tuner.study.stages import (
     stage_winner,
     tell_reused,
 )
-from tuner.study.storage import fail_unfinished_trials, open_storage
+from tuner.study.storage import open_storage
 from tuner.trial.run import run_trial
 
 Progress = Callable[[str], None]
@@ -125,7 +126,7 @@ class StudyRunner:
     def run(self) -> StudyResult:
         self.paths.ensure()
         self.storage = open_storage(self.storage_url)
-        self._check_resumed()
+        check_resumed(self.storage, self.config.name, self.evaluator.names)
         self.executor = self.executor or make_executor(self.config, self.trial_fn, self.say)
         self.flights = Flights(
             self.executor, self.config, self.storage, self.paths, self.all_specs, self.say
@@ -162,44 +163,13 @@ class StudyRunner:
     def reuses(self) -> bool:
         return self.config.study.reuse
 
-    def _check_objectives(self, study: optuna.Study) -> None:
-        """Refuse a stored study whose values are of other objectives, or in another order:
-        mixing them with this run's would compare seconds with tokens per second."""
-        if study.metric_names and study.metric_names != self.evaluator.names:
-            raise ConfigError(
-                f"storage study {study.study_name!r} holds objectives "
-                f"{', '.join(study.metric_names)}; this run measures "
-                f"{', '.join(self.evaluator.names)}",
-                hint="resume it with the objectives it was started with, or give this run a new "
-                "name=",
-            )
-
-    def _check_resumed(self) -> None:
-        """Check this study's stored stages before the first launch, not after a baseline."""
-        for name in optuna.get_all_study_names(self.storage):
-            if owns(self.config.name, name):
-                self._check_objectives(optuna.load_study(study_name=name, storage=self.storage))
-
     def _open(self, name: str, stage: Stage | None = None) -> optuna.Study:
         sampler = None
         if stage is not None:
             sampler = make_sampler(
                 self.config.sampler, stage.specs, self.config.study.seed, parallel=self.parallel
             )
-        study = optuna.create_study(
-            storage=self.storage,
-            study_name=name,
-            directions=self.evaluator.directions,
-            sampler=sampler,
-            load_if_exists=True,
-        )
-        if not study.metric_names:
-            study.set_metric_names(self.evaluator.names)
-        self._check_objectives(study)
-        interrupted = fail_unfinished_trials(self.storage, study, exclusive=self.exclusive)
-        if interrupted:
-            self.say(f"{name}: {interrupted} interrupted trial(s) marked failed; resuming")
-        return study
+        return open_study(self.storage, name, self.evaluator, sampler, self.exclusive, self.say)
 
     # -- baseline ----------------------------------------------------------------------
     def _baseline(self) -> Incumbent:
@@ -221,20 +191,7 @@ class StudyRunner:
             done = self._measure_baselines(study, key, len(done), want)
         self.baseline_ref = (study.study_name, done[-1].number)
         baseline = baseline_incumbent(done, self.evaluator.select_index)
-        self.confirmation.noise.add(baseline.params, baseline.samples)
-        cfg = self.config.study
-        slices = [t.user_attrs.get(TrialAttr.WINDOW_SLICES) or [] for t in done]
-        self.say(
-            resolution_line(
-                self.evaluator.select_by,
-                baseline.samples,
-                cfg.repeats,
-                cfg.min_gain,
-                cfg.pools_noise,
-                cfg.candidate_windows,
-                slices,
-            )
-        )
+        self.say(self.confirmation.learn_baseline(baseline, done))
         return baseline
 
     def _measure_baselines(
