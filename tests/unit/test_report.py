@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -239,3 +240,14 @@ def test_a_reused_measurement_is_listed_once(kept: Report) -> None:
     assert list(t.index[t["role"] == "baseline"]) == ["baseline#0", "baseline#1", "baseline#2"]
     st = kept.stages.iloc[0]
     assert (st["trials"], st["reused"], st["failed"]) == (3, 1, 1)
+
+
+def test_the_page_shows_the_prefix_cache_hit_rate_where_a_server_looked_prefixes_up(
+    report: Report,
+) -> None:
+    assert "prefix_cache_hit_rate" not in html_page(report)  # no trial's server looked any up
+    trials = report.trials.copy()
+    trials["prefix_cache_hit_rate"] = [0.73] + [None] * (len(trials) - 1)
+    page = html_page(replace(report, trials=trials))
+    table = page.split("<h2>Trials and bottlenecks</h2>", 1)[1].split("</table>", 1)[0]
+    assert "prefix_cache_hit_rate" in table and "0.73" in table

@@ -32,6 +32,7 @@ FIGURE_TITLES = {
     "importances": "Parameter importances",
 }
 SUMMARY_COLS = ["label", "role", "status", "feasible", "pareto", "bottleneck"]
+HIT_RATE = "prefix_cache_hit_rate"
 
 
 def _fmt(value: Any) -> str:
@@ -178,7 +179,10 @@ def html_page(report: Report) -> str:
     """report.html: summary, figures (embedded PNGs) and tables."""
     t = report.trials
     objectives = [n for n in report.review.objectives if n in t]
-    overview = t[[*SUMMARY_COLS, *objectives, "bottleneck_evidence"]] if not t.empty else t
+    # vLLM's prefix-cache hit rate, where any trial's server looked a prefix up: what the
+    # memory stage's prefix caching is judged on, beside its objectives
+    hits = [HIT_RATE] if HIT_RATE in t and t[HIT_RATE].notna().any() else []
+    overview = t[[*SUMMARY_COLS, *objectives, *hits, "bottleneck_evidence"]] if not t.empty else t
     summary = "".join(f"<li>{html.escape(line)}</li>" for line in headline(report))
     figures = "".join(_figure(n, d) for n, d in report.figures.items())
     stamp = report.review.simulated
