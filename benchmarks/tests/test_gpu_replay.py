@@ -13,8 +13,8 @@ import pytest
 
 from benchmarks import gpu_replay
 from benchmarks.gpu_scoring import edge_flags, median_slo, off_the_line, reference, score
-from tuner.testing.gpu_landscape import GPU_PARAM, GpuLandscape, GpuSlo, groups_of, measured
-from tuner.testing.landscape import Measured, hypervolume_2d
+from tuner.testing.gpu_landscape import GPU_PARAM, GpuLandscape, GpuSlo, groups_of, measured, point
+from tuner.testing.landscape import hypervolume_2d
 from tuner.testing.lookup import StudyStrategy
 from tuner.testing.queueing import Load, serve
 
@@ -108,24 +108,6 @@ def test_every_arm_finds_the_known_optimum_at_no_noise() -> None:
     assert all(r["final_config"] == {GPU_PARAM: 1, "max_num_seqs": 16} for r in staged)
 
 
-def _point(tok_s_per_gpu: float, tp: int, ttft_s: float) -> Measured:
-    return Measured(
-        True,
-        "",
-        1.0,
-        1.0,
-        ttft_s,
-        ttft_s,
-        0.01,
-        0.01,
-        tok_s_per_gpu * tp,
-        tok_s_per_gpu * tp / 100,
-        0.0,
-        100,
-        0,
-    )
-
-
 def test_a_near_miss_leads_the_next_stage_to_an_optimum_that_needs_both_knobs() -> None:
     """TP 1 at 16 sequences serves 80 % more per GPU than vLLM's defaults (TP 2, 16) but its
     TTFT is 10 % over the SLO until its cap drops to 4 (1.5x the defaults, feasible). The
@@ -134,10 +116,10 @@ def test_a_near_miss_leads_the_next_stage_to_an_optimum_that_needs_both_knobs() 
     hand over the near miss itself."""
     slo = GpuSlo(p99_ttft_s=1.0, p99_tpot_s=100.0)
     truths = {
-        (1, 16): _point(180, 1, 1.1),
-        (1, 4): _point(150, 1, 0.5),
-        (2, 16): _point(100, 2, 0.6),
-        (2, 4): _point(90, 2, 0.4),
+        (1, 16): point(180, 1, 1.1),
+        (1, 4): point(150, 1, 0.5),
+        (2, 16): point(100, 2, 0.6),
+        (2, 4): point(90, 2, 0.4),
     }
     land = GpuLandscape([GPU_PARAM, "max_num_seqs"], truths, {GPU_PARAM: 2, "max_num_seqs": 16})
     groups = groups_of(land, ["parallelism", "batching"])

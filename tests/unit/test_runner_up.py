@@ -13,7 +13,14 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from tuner.testing.gpu_landscape import GPU_PARAM, GpuLandscape, GpuSlo, gpu_config, groups_of
+from tuner.testing.gpu_landscape import (
+    GPU_PARAM,
+    GpuLandscape,
+    GpuSlo,
+    gpu_config,
+    groups_of,
+    point,
+)
 from tuner.testing.landscape import Key, Measured
 from tuner.testing.lookup import StudyStrategy, categorical_space, run_study
 
@@ -21,33 +28,15 @@ SLO = GpuSlo(p99_ttft_s=1.0, p99_tpot_s=100.0)
 LUCKY = (4,)
 
 
-def _point(tok_s_per_gpu: float, tp: int, ttft_s: float) -> Measured:
-    return Measured(
-        True,
-        "",
-        1.0,
-        1.0,
-        ttft_s,
-        ttft_s,
-        0.01,
-        0.01,
-        tok_s_per_gpu * tp,
-        tok_s_per_gpu * tp / 100,
-        0.0,
-        100,
-        0,
-    )
-
-
 class LuckyOnce(GpuLandscape):
     """TP 4's first window reads under the SLO; every later one reads its truth."""
 
     def __init__(self, truths: dict[Key, Measured] | None = None, caps: bool = False) -> None:
         truths = truths or {
-            (1,): _point(130, 1, 3.0),
-            (2,): _point(120, 2, 2.0),
-            (4,): _point(160, 4, 1.05),
-            (8,): _point(100, 8, 0.5),
+            (1,): point(130, 1, 3.0),
+            (2,): point(120, 2, 2.0),
+            (4,): point(160, 4, 1.05),
+            (8,): point(100, 8, 0.5),
         }
         params = [GPU_PARAM, "max_num_seqs"] if caps else [GPU_PARAM]
         defaults = {GPU_PARAM: 1, "max_num_seqs": 16} if caps else {GPU_PARAM: 1}
@@ -88,8 +77,8 @@ def test_the_passed_over_winner_leads_the_next_stage_to_the_optimum() -> None:
     batching stage, which finds (4, 8) and confirms it against TP 8."""
     truths = {}
     for tp, per_gpu, ttft in ((1, 130, 3.0), (2, 120, 2.0), (4, 160, 1.05), (8, 100, 0.5)):
-        truths[(tp, 16)] = _point(per_gpu, tp, ttft)
-        truths[(tp, 8)] = _point(per_gpu * 0.94, tp, ttft * 2 / 3)
+        truths[(tp, 16)] = point(per_gpu, tp, ttft)
+        truths[(tp, 8)] = point(per_gpu * 0.94, tp, ttft * 2 / 3)
     land = LuckyOnce(truths, caps=True)
     groups = groups_of(land, ["parallelism", "batching"])
     strategy = StudyStrategy("staged", "staged", "tpe", 4, repeats=1)

@@ -28,6 +28,26 @@ GPU_PARAM = "tensor_parallel_size"
 WINDOW_S = 60.0  # a GPU study's window: only sets the request count of a replayed outcome
 
 
+def point(tok_s_per_gpu: float, tp: int, ttft_s: float) -> Measured:
+    """A measured point given by what a GPU landscape's tests vary: tok/s per GPU at a TP, and
+    its TTFT (P50 = P99); everything else fixed and ordinary (1 s E2E, 10 ms TPOT, no errors)."""
+    return Measured(
+        ok=True,
+        reason="",
+        p50_e2e_s=1.0,
+        p99_e2e_s=1.0,
+        p50_ttft_s=ttft_s,
+        p99_ttft_s=ttft_s,
+        p50_tpot_s=0.01,
+        p99_tpot_s=0.01,
+        output_tok_s=tok_s_per_gpu * tp,
+        request_per_s=tok_s_per_gpu * tp / 100,
+        error_rate=0.0,
+        completed=100,
+        failed=0,
+    )
+
+
 def measured(served: Served | None, reason: str = "does_not_fit") -> Measured:
     """A client's measurement of one server (a failed start when ``served`` is None)."""
     if served is None:
