@@ -14,14 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.scoring import (
-    HV_AT,
-    TARGET,
-    baseline_launches,
-    first_reaching,
-    without_baseline,
-    worse_switches,
-)
+from benchmarks.scoring import HV_AT, TARGET, run_columns
 from tuner.testing.gpu_landscape import GpuLandscape, GpuSlo
 from tuner.testing.landscape import Key, hypervolume_2d
 from tuner.testing.run_trace import RunTrace
@@ -104,27 +97,10 @@ def summarize_run(trace: RunTrace, land: GpuLandscape, ref: GpuReference) -> dic
     """The columns of benchmarks.scoring.summarize_run, scored per GPU, plus the hand-over
     against vLLM's defaults (the study's baseline): strictly worse, and worse by > 3 %."""
     scores = [score(land, ref, k) for k in trace.selected]
-    reached = first_reaching(scores)
-    seen = first_reaching([score(land, ref, k) for k in best_observed(trace, land, ref.slo)])
-    stored = baseline_launches(trace)
-    last = trace.selected[-1] if trace.selected else None
-    final = scores[-1] if scores else 0.0
-    row: dict[str, Any] = {
-        "strategy": trace.strategy,
-        "seed": trace.seed,
-        "launches": len(trace.launches),
-        "baseline_launches": stored,
-        "trials_to_97": reached,
-        "trials_to_97_seen": seen,
-        "trials_to_97_stored_baseline": without_baseline(reached, stored),
-        "trials_to_97_seen_stored_baseline": without_baseline(seen, stored),
-        "final_score": round(final, 4),
-        "worse_switches": worse_switches(trace.selected, scores),
-        "final_config": None if last is None else land.params_of(last),
-        "distinct_configs": len({launch.key for launch in trace.launches}),
-        "failed_launches": sum(not launch.observed.ok for launch in trace.launches),
-        "stopped": trace.stopped,
-        "independent_samples": trace.independent_samples,
+    seen = [score(land, ref, k) for k in best_observed(trace, land, ref.slo)]
+    row = run_columns(trace, scores, seen, land.params_of)
+    final = scores[-1] if scores else 0.0  # unrounded: the defaults' score is compared exactly
+    row |= {
         "worse_than_defaults": final < ref.defaults_score - 1e-9,
         "worse_than_defaults_3pct": final < ref.defaults_score - (1 - TARGET),
         # what the study says of its hand-over: it meets the SLOs, and on an SLO's edge

@@ -11,7 +11,7 @@ from __future__ import annotations
 import itertools
 import math
 import statistics
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -73,16 +73,19 @@ def without_baseline(t: int | None, stored: int) -> int | None:
     return None if t is None else max(0, t - stored)
 
 
-def summarize_run(trace: RunTrace, land: Landscape, ref: Reference) -> dict[str, Any]:
-    scores = [score(land, ref, k) for k in trace.selected]
-    reached = first_reaching(scores)
-    # The best launch seen so far (no acceptance step): the sampler's search efficiency alone.
-    seen = first_reaching(
-        [score(land, ref, k) for k in best_observed(trace.launches, land, ref.slo_p99_e2e_s)]
-    )
+def run_columns(
+    trace: RunTrace,
+    scores: Sequence[float],
+    seen_scores: Sequence[float],
+    params_of: Callable[[Key], Any],
+) -> dict[str, Any]:
+    """The columns every replay scores a run by, whatever its landscape: launches to 97 % of
+    the optimum as handed over (``scores``, one per selection) and as seen (``seen_scores``,
+    the best launch so far), with and without a stored baseline, and what it handed over."""
+    reached, seen = first_reaching(scores), first_reaching(seen_scores)
     stored = baseline_launches(trace)
     last = trace.selected[-1] if trace.selected else None
-    row: dict[str, Any] = {
+    return {
         "strategy": trace.strategy,
         "seed": trace.seed,
         "launches": len(trace.launches),
@@ -92,13 +95,20 @@ def summarize_run(trace: RunTrace, land: Landscape, ref: Reference) -> dict[str,
         "trials_to_97_stored_baseline": without_baseline(reached, stored),
         "trials_to_97_seen_stored_baseline": without_baseline(seen, stored),
         "final_score": round(scores[-1], 4) if scores else 0.0,
-        "worse_switches": worse_switches(trace.selected, scores),
-        "final_config": None if last is None else land.params_of(last),
+        "worse_switches": worse_switches(trace.selected, list(scores)),
+        "final_config": None if last is None else params_of(last),
         "distinct_configs": len({launch.key for launch in trace.launches}),
         "failed_launches": sum(not launch.observed.ok for launch in trace.launches),
         "stopped": trace.stopped,
         "independent_samples": trace.independent_samples,
     }
+
+
+def summarize_run(trace: RunTrace, land: Landscape, ref: Reference) -> dict[str, Any]:
+    scores = [score(land, ref, k) for k in trace.selected]
+    # The best launch seen so far (no acceptance step): the sampler's search efficiency alone.
+    seen = [score(land, ref, k) for k in best_observed(trace.launches, land, ref.slo_p99_e2e_s)]
+    row = run_columns(trace, scores, seen, land.params_of)
     for t in HV_AT:
         launched = {launch.key for launch in trace.launches[:t]}
         hv = hypervolume([land.truth(k) for k in launched], ref.ref_point)
