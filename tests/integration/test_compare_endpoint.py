@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 
 from tests.conftest import TINY_MODEL
-from tests.fakes.sse_server import FakeConfig, FakeServer
 from tuner.cli import main
+from tuner.testing.sse_server import FakeConfig, FakeServer
 
 pytestmark = pytest.mark.integration
 FAST = FakeConfig(ttft_s=0.05, itl_s=0.01, model=str(TINY_MODEL))

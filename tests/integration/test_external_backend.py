@@ -1,6 +1,6 @@
 """`server=external`: `tuner trial` measures an endpoint it does not own, behind the same seam.
 
-The endpoint is the fake streaming server run as a process of its own (tests/fakes/sse_server.py),
+The endpoint is the fake streaming server run as a process of its own (tuner/testing/sse_server.py),
 so that "never stops or signals what it did not start" is asserted on a real process: it is
 alive and serving after every trial. Real Locust drives it. (A real vLLM as the external
 endpoint: tests/e2e/test_deployment_vllm.py.)
@@ -41,7 +41,7 @@ def endpoint() -> Iterator[tuple[subprocess.Popen[bytes], str]]:
         [
             sys.executable,
             "-m",
-            "tests.fakes.sse_server",
+            "tuner.testing.sse_server",
             "--port",
             str(port),
             "--ttft",

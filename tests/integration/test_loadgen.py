@@ -17,8 +17,6 @@ from typing import Any
 import numpy as np
 import pytest
 
-from tests.fakes import make_tiny_tokenizer
-from tests.fakes.sse_server import FakeConfig, FakeServer
 from tuner.config import SloConfig
 from tuner.config.workload import LengthDist, RequestClass, WorkloadConfig
 from tuner.errors import ConfigError, LoadGenError
@@ -32,6 +30,8 @@ from tuner.measurement.records import (
     read_records,
 )
 from tuner.measurement.stats import measure
+from tuner.testing.sse_server import FakeConfig, FakeServer
+from tuner.testing.tiny_tokenizer import make_tiny_tokenizer
 
 pytestmark = pytest.mark.integration
 

@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import TINY_MODEL
-from tests.fakes.sse_server import FakeConfig, FakeServer
 from tuner.cli import main
 from tuner.loadgen import client_capacity as cap
 from tuner.loadgen.client_capacity import ClientCapacity
 from tuner.loadgen.probe import probe
+from tuner.testing.sse_server import FakeConfig, FakeServer
 
 pytestmark = pytest.mark.integration
 KEY = "sk-capacity-test-4242"

@@ -2,7 +2,7 @@
 
 Several processes are one client: the same t0, the one arrival schedule of an open loop split
 between them, ``max_requests`` counted over all of them. Asserted against one process at the
-same load, on a streaming server with known delays (tests/fakes/sse_server.py).
+same load, on a streaming server with known delays (tuner/testing/sse_server.py).
 """
 
 from __future__ import annotations
@@ -15,11 +15,11 @@ from typing import Any
 import numpy as np
 import pytest
 
-from tests.fakes import make_tiny_tokenizer
-from tests.fakes.sse_server import FakeConfig, FakeServer
 from tuner.config.workload import LengthDist, RequestClass, WorkloadConfig
 from tuner.loadgen import LoadResult, LocustLoadGenerator, Target
 from tuner.measurement.records import RequestRecord, read_records
+from tuner.testing.sse_server import FakeConfig, FakeServer
+from tuner.testing.tiny_tokenizer import make_tiny_tokenizer
 
 pytestmark = pytest.mark.integration
 

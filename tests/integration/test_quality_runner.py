@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.fakes.sse_server import FakeConfig, FakeServer
 from tuner.loadgen.generator import Target
 from tuner.quality import QualityConfig, QualityOutputs, load_items, run_quality_set, score
+from tuner.testing.sse_server import FakeConfig, FakeServer
 
 pytestmark = [pytest.mark.integration, pytest.mark.shares_host]
 

@@ -10,12 +10,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.fakes.sse_server import FakeConfig, FakeServer
 from tuner.config import SloConfig
 from tuner.config.workload import TraceConfig, WorkloadConfig
 from tuner.loadgen import LocustLoadGenerator, Target
 from tuner.measurement.records import read_records
 from tuner.measurement.stats import DISPATCH_LAG_WARN_S, measure
+from tuner.testing.sse_server import FakeConfig, FakeServer
 from tuner.traffic.trace import TraceOptions, load
 
 pytestmark = pytest.mark.integration
