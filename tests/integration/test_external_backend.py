@@ -102,7 +102,9 @@ def test_a_trial_measures_the_endpoint_and_leaves_it_running(
     rc, result = _trial(tmp_path, url)
     assert rc == 0, result.get("message")
     m = result["measurements"]
-    assert isinstance(m, dict) and m["completed"] > 20 and m["error_rate"] == 0
+    # measured, whatever the rate: this test shares the host (a fake's count in a 2 s window
+    # read 20 with a study running beside it); the load generator's own tests judge rates
+    assert isinstance(m, dict) and m["completed"] > 0 and m["error_rate"] == 0
     assert result["argv"] == []  # nothing was run
     assert _alive(proc, url)
     assert KEY not in (tmp_path / "ext" / "trials" / "t" / "result.json").read_text()
