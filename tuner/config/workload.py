@@ -145,6 +145,31 @@ class PrefixConfig:
             )
 
 
+THINK_KINDS = ("exponential", "fixed")
+
+
+@dataclass
+class SessionConfig:
+    """Multi-turn conversations. With ``turns`` > 1 each closed-loop user, or each open-loop
+    arrival, holds a conversation of ``turns`` requests of one class. Every turn after the
+    first is sent a think time after the previous answer (mean ``think_s``; ``think``:
+    exponential or fixed) and opens with the conversation so far: every earlier turn's prompt
+    and a stand-in of its answer, of the answer's length. Its own new part has the class's
+    prompt length, so a conversation's prompts grow turn by turn, as a chat's do."""
+
+    turns: int = 1
+    think_s: float = 0.0
+    think: str = "exponential"
+
+    def validate(self) -> None:
+        if self.turns < 1 or self.think_s < 0 or self.think not in THINK_KINDS:
+            raise ConfigError(
+                "workload.sessions: need turns >= 1, think_s >= 0 and think one of "
+                f"{', '.join(THINK_KINDS)}, got turns={self.turns}, think_s={self.think_s:g}, "
+                f"think={self.think!r}"
+            )
+
+
 @dataclass
 class WorkloadConfig:
     """The traffic a trial offers: mix, arrivals, warm-up, window, timeouts."""
@@ -164,6 +189,7 @@ class WorkloadConfig:
     seed: int = 0
     trace: TraceConfig | None = None  # replay this trace open loop (mode must be open)
     prefix: PrefixConfig = field(default_factory=PrefixConfig)
+    sessions: SessionConfig = field(default_factory=SessionConfig)
 
     def validate(self) -> None:
         if self.mode not in ("closed", "open"):
@@ -188,6 +214,13 @@ class WorkloadConfig:
         if self.processes < 1:
             raise ConfigError(f"workload.processes must be >= 1, got {self.processes}")
         self.prefix.validate()
+        self.sessions.validate()
+        if self.sessions.turns > 1 and (self.trace is not None or self.dataset):
+            raise ConfigError(
+                "workload.sessions.turns > 1 makes synthetic conversations; a trace or a "
+                "dataset brings its own requests",
+                hint="leave workload.sessions.turns=1 (a trace's session ids replay its turns)",
+            )
         if self.trace is not None:
             self.trace.validate()
             if self.mode != "open" or self.dataset:

@@ -11,6 +11,10 @@ Timeline of one process: t0 (test start) → warm-up (``warmup_s``) → window (
 ``max_requests`` measured requests have started) → stop issuing → drain (requests already
 started finish, up to ``drain_timeout_s``; stragglers are recorded as cut off) → quit.
 
+With ``workload.sessions`` the plan holds whole conversations in turn order: a closed-loop user,
+or an open-loop arrival, sends one conversation's turns one after another, each its think time
+after the previous answer; a failed turn ends the conversation, which has no answer to carry.
+
 With ``--processes N`` the processes run as one client (tuner.loadgen.process_share): they
 share one t0 (the first to start sets it), so warm-up and window are the same instants in each;
 an open loop draws one arrival schedule and process ``i`` sends arrivals ``i, i+N, i+2N, ...``
@@ -27,13 +31,11 @@ import json
 import os
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 import gevent
 import requests
-from gevent.event import Event
 from gevent.pool import Group
 from locust import HttpUser, constant, events, task
 from locust import stats as locust_stats
@@ -42,15 +44,14 @@ from locust.exception import StopUser
 from locust.runners import MasterRunner, WorkerRunner
 from requests.adapters import HTTPAdapter
 
-from tuner.loadgen.process_share import closed_loop_quota, shared_t0
+from tuner.loadgen.process_share import closed_loop_quota, plan_start, shared_t0
 from tuner.loadgen.request import consume, fail, prepare
 from tuner.loadgen.request_plan import arrival_gaps
+from tuner.loadgen.run_state import RunSpec, RunState
 from tuner.measurement.records import (
     ERROR_CONNECTION,
     ERROR_STREAM,
     ERROR_TIMEOUT,
-    PHASE_MEASURE,
-    PHASE_WARMUP,
     RequestRecord,
 )
 
@@ -58,6 +59,7 @@ SPEC: dict[str, Any] = json.loads(Path(os.environ["TUNER_LOADGEN_SPEC"]).read_te
 PLAN: list[dict[str, Any]] = [
     json.loads(line) for line in Path(SPEC["plan"]).read_text().splitlines() if line.strip()
 ]
+RUN = RunSpec(PLAN, SPEC["warmup_s"], SPEC["window_s"], SPEC["records_prefix"])
 CLIENT_BUG_EXIT = 3  # Locust's exit code when this file itself failed on a request
 REFUSED_BACKOFF_S = 0.1  # a dead server refuses instantly: do not spin out thousands of records
 # Locust rewrites its CSV every CSV_STATS_INTERVAL_SEC (1 s) and the quitting hook waits one
@@ -68,109 +70,6 @@ locust_stats.CSV_STATS_INTERVAL_SEC = 0.25
 
 class _Deadline(Exception):
     """The request ran past request_timeout_s (raised by a gevent.Timeout)."""
-
-
-@dataclass
-class RunState:
-    """Per-process run state. Greenlets switch only at I/O, so plain counters are safe."""
-
-    t0_perf: float
-    t0_wall: float
-    pid: int
-    worker_index: int
-    records: IO[str]
-    quota: int | None  # measured requests this process may start; None = no limit
-    next_plan: int = 0
-    plan_start: int = 0
-    started: dict[str, int] = field(default_factory=lambda: {PHASE_WARMUP: 0, PHASE_MEASURE: 0})
-    in_flight: dict[str, RequestRecord] = field(default_factory=dict)
-    stopped: Event = field(default_factory=Event)
-    stopped_at: float | None = None
-    seq: int = 0
-    quota_stop: bool = False  # the window ended by max_requests, not by time
-    prompts_reused: int = 0  # open loop: plan entries sent a second time
-
-    def wall(self, perf: float) -> float:
-        """One time base for all instants: wall clock anchored once, advanced monotonically."""
-        return self.t0_wall + (perf - self.t0_perf)
-
-    @property
-    def stop_perf(self) -> float:
-        return self.t0_perf + SPEC["warmup_s"] + SPEC["window_s"]
-
-    @property
-    def measure_perf(self) -> float:
-        return self.t0_perf + SPEC["warmup_s"]
-
-    def claim(self, at: float | None = None) -> str | None:
-        """The phase of a request sent now (scheduled ``at``, open loop), or None once the
-        window is over or this process's share of ``max_requests`` is sent."""
-        now = time.perf_counter()
-        when = now if at is None else at
-        if self.stopped.is_set() or when >= self.stop_perf:
-            self.stop(now)
-            return None
-        phase = PHASE_WARMUP if when < self.measure_perf else PHASE_MEASURE
-        if phase == PHASE_MEASURE and self.quota is not None and self.started[phase] >= self.quota:
-            self.end_by_quota(now)  # a share of 0: nothing to measure here
-            return None
-        self.started[phase] += 1
-        if phase == PHASE_MEASURE and self.quota is not None and self.started[phase] >= self.quota:
-            self.end_by_quota(now)  # this one is the last measured request
-        return phase
-
-    def end_by_quota(self, now: float) -> None:
-        self.stop(now)
-        self.quota_stop = True
-
-    def stop(self, now: float) -> None:
-        if not self.stopped.is_set():
-            self.stopped_at = self.wall(min(now, self.stop_perf))
-            self.stopped.set()
-
-    def next_entry(self) -> dict[str, Any]:
-        entry = PLAN[self.next_plan % len(PLAN)]
-        self.next_plan += 1
-        return entry
-
-    def open_record(
-        self, entry: dict[str, Any], phase: str, sched: float | None, user: str = ""
-    ) -> RequestRecord:
-        """A record for a request about to be sent, tracked until it is written."""
-        self.seq += 1
-        rec = RequestRecord(
-            request_id=f"{self.pid}-{self.seq}",
-            request_class=entry["request_class"],
-            api=entry["api"],
-            phase=phase,
-            scheduled_at=0.0 if sched is None else self.wall(sched),
-            sent_at=0.0,
-            ok=True,
-            max_tokens=entry["max_tokens"],
-            user=user,
-        )
-        self.in_flight[rec.request_id] = rec
-        return rec
-
-    def write(self, rec: RequestRecord) -> None:
-        """Write a record once (a straggler may already have been written as cut off)."""
-        if self.quota_stop and rec.phase == PHASE_MEASURE and self.stopped_at is not None:
-            # The window is [start, end): it ends just after the last claimed request's send,
-            # which comes a moment after its claim, or it would hold max_requests - 1.
-            self.stopped_at = max(self.stopped_at, rec.sent_at + 1e-6)
-        if self.in_flight.pop(rec.request_id, None) is not None:
-            self.records.write(rec.to_json() + "\n")
-            self.records.flush()
-
-    def write_info(self, **extra: Any) -> None:
-        info: dict[str, Any] = {"pid": self.pid, "worker_index": self.worker_index}
-        info.update(t0=self.t0_wall, started=self.started, stopped_at=self.stopped_at, **extra)
-        closed = max(0, self.next_plan - self.plan_start - len(PLAN))
-        info["prompts_reused"] = max(closed, self.prompts_reused)
-        path = Path(f"{SPEC['records_prefix']}-{self.pid}.run.json")
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(info))
-        tmp.replace(path)
 
 
 STATE: RunState | None = None
@@ -257,8 +156,30 @@ class _ServerUser(HttpUser):
         self.client.trust_env = False
 
 
+def converse(
+    user: HttpUser, turns: list[dict[str, Any]], phase: str | None, sched: float | None
+) -> bool:
+    """Send a conversation's turns in order (one request without sessions), each its think time
+    after the previous answer; ``phase`` is the first turn's, claimed by the caller. False once
+    the window is over. A failed turn ends the conversation: it has no answer to carry on."""
+    state = _state()
+    for k, entry in enumerate(turns):
+        if k:
+            gevent.sleep(float(entry.get("think_s") or 0.0))
+            phase, sched = state.claim(), None
+        if phase is None:
+            return False
+        rec = send_one(user, entry, phase, sched)
+        if rec.error_kind == ERROR_CONNECTION:
+            gevent.sleep(REFUSED_BACKOFF_S)
+        if not rec.ok:
+            break
+    return True
+
+
 class ClosedLoopUser(_ServerUser):
-    """One of ``concurrency`` users; each sends its next request when the previous ends."""
+    """One of ``concurrency`` users; each sends its next request (or conversation) when the
+    previous ends."""
 
     def on_start(self) -> None:
         super().on_start()
@@ -267,11 +188,8 @@ class ClosedLoopUser(_ServerUser):
     @task
     def one_request(self) -> None:
         state = _state()
-        phase = state.claim()
-        if phase is None:
+        if not converse(self, state.next_conversation(), state.claim(), None):
             raise StopUser()
-        if send_one(self, state.next_entry(), phase, None).error_kind == ERROR_CONNECTION:
-            gevent.sleep(REFUSED_BACKOFF_S)
 
 
 def _gaps() -> Iterator[float]:
@@ -317,8 +235,10 @@ class OpenLoopUser(_ServerUser):
             phase = state.claim(at=t_sched)
             if phase is None:
                 break
-            state.prompts_reused += arrival >= len(PLAN)
-            group.spawn(send_one, self, PLAN[arrival % len(PLAN)], phase, t_sched)
+            # an arrival opens a conversation (one request without sessions)
+            first = arrival * RUN.turns
+            state.prompts_reused += first >= len(PLAN)
+            group.spawn(converse, self, RUN.conversation(first), phase, t_sched)
             if limit and measured == limit:  # the last measured arrival was this one
                 state.end_by_quota(time.perf_counter())
                 break
@@ -381,8 +301,8 @@ def _on_test_start(environment: Environment, **_kw: Any) -> None:
     t0_wall = shared_t0(SPEC["records_prefix"])
     t0_perf = time.perf_counter() - (time.time() - t0_wall)  # the same instant, on this clock
     quota = closed_loop_quota(index, SPEC["max_requests"], SPEC["processes"], SPEC["mode"])
-    STATE = RunState(t0_perf, t0_wall, pid, index, records, quota)
-    STATE.next_plan = STATE.plan_start = index * (len(PLAN) // SPEC["processes"])
+    STATE = RunState(t0_perf, t0_wall, RUN, pid, index, records, quota)
+    STATE.next_plan = STATE.plan_start = plan_start(index, len(PLAN), SPEC["processes"], RUN.turns)
     STATE.write_info(finished=False)
     gevent.spawn(_control, environment)
 

@@ -34,3 +34,9 @@ def closed_loop_quota(index: int, limit: int | None, share: int, mode: str) -> i
     if not limit or mode != "closed":
         return None
     return limit // share + (1 if index < limit % share else 0)
+
+
+def plan_start(index: int, plan_len: int, share: int, turns: int) -> int:
+    """Where process ``index`` of ``share`` starts in a closed loop's plan: an even part each,
+    at a conversation's first turn (``turns`` requests to a conversation)."""
+    return index * (plan_len // (share * turns)) * turns

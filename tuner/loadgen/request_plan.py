@@ -29,7 +29,7 @@ import numpy as np
 from tuner.config.workload import LengthDist, RequestClass, WorkloadConfig
 from tuner.errors import ConfigError
 from tuner.traffic.fit import empirical_draws
-from tuner.traffic.prompts import prompt_texts, shared_prefix_blocks
+from tuner.traffic.prompts import conversation_blocks, prompt_texts, shared_prefix_blocks
 from tuner.traffic.replay import replay_requests
 
 MIN_PLAN_SIZE = 512
@@ -44,7 +44,7 @@ _POOL_CANDIDATES = 32768  # vocab ids examined for the token pool (bounds the co
 _MIN_WORD_POOL = 32
 
 # Independent random streams from one seed, so adding a class does not reshuffle the arrivals.
-_STREAM_CLASSES, _STREAM_LENGTHS, _STREAM_PROMPTS, _STREAM_DATASET = 1, 2, 3, 4
+_STREAM_CLASSES, _STREAM_LENGTHS, _STREAM_PROMPTS, _STREAM_DATASET, _STREAM_THINK = 1, 2, 3, 4, 5
 
 
 @dataclass
@@ -58,6 +58,11 @@ class PlannedRequest:
     prompt: str | None = None
     messages: list[dict[str, str]] | None = None
     arrival_s: float | None = None  # a trace's: its send time from the start (open loop)
+    # A conversation's turn (workload.sessions): the client sends a session's turns in order,
+    # each ``think_s`` after the previous answer.
+    session: int | None = None
+    turn: int = 0
+    think_s: float = 0.0
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), separators=(",", ":"))
@@ -246,6 +251,9 @@ def plan_lengths(workload: WorkloadConfig, size: int) -> tuple[np.ndarray, np.nd
     """Class index, prompt length and output length of each of ``size`` planned requests: the
     classes by weight, each length drawn from its class's distribution, all from the seed."""
     which = pick_classes(workload.classes, size, _rng(workload.seed, _STREAM_CLASSES))
+    turns = workload.sessions.turns
+    if turns > 1:  # a conversation keeps its first turn's class (its API, its lengths)
+        which = np.repeat(which[::turns], turns)[:size]
     length_rng = _rng(workload.seed, _STREAM_LENGTHS)
     prompt_len = np.zeros(size, dtype=np.int64)
     output_len = np.zeros(size, dtype=np.int64)
@@ -257,15 +265,36 @@ def plan_lengths(workload: WorkloadConfig, size: int) -> tuple[np.ndarray, np.nd
 
 
 def synthesize_plan(workload: WorkloadConfig, tokenizer: Any, size: int) -> list[PlannedRequest]:
-    """``size`` random-prompt requests, classes by weight, lengths from each class's dists."""
+    """``size`` random-prompt requests, classes by weight, lengths from each class's dists
+    (rounded up to whole conversations with ``workload.sessions``)."""
+    turns = workload.sessions.turns
+    size = math.ceil(size / turns) * turns
     which, prompt_len, output_len = plan_lengths(workload, size)
     synth = PromptSynthesizer(tokenizer, _rng(workload.seed, _STREAM_PROMPTS))
-    blocks = shared_prefix_blocks(workload.prefix, size, workload.seed)
+    if turns > 1:
+        blocks = conversation_blocks(workload, prompt_len.tolist(), output_len.tolist())
+        prompt_len = np.array([sum(n for _, n in b) for b in blocks], dtype=np.int64)
+    else:
+        blocks = shared_prefix_blocks(workload.prefix, size, workload.seed)
     texts = prompt_texts(synth, prompt_len.tolist(), blocks, workload.seed)
-    return [
+    plan = [
         _planned(workload.classes[k], text, int(o), int(p))
         for k, text, p, o in zip(which.tolist(), texts, prompt_len, output_len, strict=True)
     ]
+    if turns > 1:
+        think = think_times(workload, size)
+        for i, planned in enumerate(plan):
+            planned.session, planned.turn = divmod(i, turns)
+            planned.think_s = float(think[i]) if planned.turn else 0.0
+    return plan
+
+
+def think_times(workload: WorkloadConfig, n: int) -> np.ndarray:
+    """Seconds each of ``n`` turns waits after the previous answer: exponential or fixed."""
+    mean = workload.sessions.think_s
+    if workload.sessions.think == "fixed" or mean == 0:
+        return np.full(n, mean)
+    return _rng(workload.seed, _STREAM_THINK).exponential(mean, n)
 
 
 def trace_plan(workload: WorkloadConfig, tokenizer_path: str) -> list[PlannedRequest]:
@@ -330,7 +359,9 @@ def build_plan(
             _PLAN_CACHE[key] = trace_plan(workload, tokenizer_path)
         return list(_PLAN_CACHE[key])
     size = size or plan_size(workload)
-    key = repr((workload.classes, workload.prefix, workload.seed, tokenizer_path, size))
+    key = repr(
+        (workload.classes, workload.prefix, workload.sessions, workload.seed, tokenizer_path, size)
+    )
     if key not in _PLAN_CACHE:  # trials of one study share a workload: synthesize it once
         _PLAN_CACHE.clear()
         _PLAN_CACHE[key] = synthesize_plan(workload, load_tokenizer(tokenizer_path), size)

@@ -57,6 +57,9 @@ class RequestRecord:
     # between its requests (done_at -> its next sent_at) can be measured.
     user: str = ""
     done_at: float | None = None
+    # A conversation's turn (workload.sessions): 0 for its first request, and for every
+    # request of a workload without sessions.
+    turn: int = 0
 
     @property
     def finished_at(self) -> float | None:

@@ -17,7 +17,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from tuner.config.workload import PrefixConfig
+from tuner.config.workload import PrefixConfig, WorkloadConfig
 
 log = logging.getLogger(__name__)
 Block = tuple[str, int]  # (key, tokens)
@@ -91,6 +91,33 @@ def prompt_texts(
     return [maker.make(int(n), b) for n, b in zip(lengths, blocks, strict=True)]
 
 
+class Conversation:
+    """The blocks of one multi-turn conversation: each turn opens with the conversation so far
+    (every earlier turn's new part and a stand-in of its answer, as blocks of their own), then
+    its own new part as a block, so the next turn repeats it exactly."""
+
+    def __init__(self, key: str, opening: Sequence[Block] = ()) -> None:
+        self.key = key
+        self.history: list[Block] = list(opening)
+        self.turns = 0
+
+    @property
+    def tokens(self) -> int:
+        return sum(n for _, n in self.history)
+
+    def turn(self, new_tokens: int, output_tokens: int, tag: int | None = None) -> list[Block]:
+        """This turn's blocks; its answer joins the history for the next."""
+        tag = self.turns if tag is None else tag
+        self.turns += 1
+        mine = (
+            [*self.history, (f"{self.key}:{tag}:in", new_tokens)]
+            if new_tokens
+            else list(self.history)
+        )
+        self.history = [*mine, (f"{self.key}:{tag}:out", output_tokens)]
+        return mine
+
+
 def shared_prefix_blocks(prefix: PrefixConfig, n: int, seed: int) -> list[list[Block]]:
     """Which requests open with a shared system prompt (a ``share`` of them, seeded), and
     which of the ``prompts`` each gets."""
@@ -103,3 +130,22 @@ def shared_prefix_blocks(prefix: PrefixConfig, n: int, seed: int) -> list[list[B
         [(f"sys:{k}", prefix.tokens)] if s else []
         for s, k in zip(shared, which.tolist(), strict=True)
     ]
+
+
+def conversation_blocks(
+    workload: WorkloadConfig, new_tokens: Sequence[int], output_tokens: Sequence[int]
+) -> list[list[Block]]:
+    """Each request's blocks when requests come ``workload.sessions.turns`` to a conversation:
+    a conversation opens with its shared system prompt, if it draws one (kept whole), and each
+    turn carries every earlier turn and a stand-in of its answer before its own new part."""
+    turns = workload.sessions.turns
+    sessions = math.ceil(len(new_tokens) / turns)
+    openings = shared_prefix_blocks(workload.prefix, sessions, workload.seed)
+    out: list[list[Block]] = []
+    for i, (new, output) in enumerate(zip(new_tokens, output_tokens, strict=True)):
+        session, turn = divmod(i, turns)
+        if turn == 0:
+            talk = Conversation(f"conv:{session}", openings[session])
+            new = max(0, new - talk.tokens)  # the first prompt's length includes its system prompt
+        out.append(talk.turn(new, output))
+    return out

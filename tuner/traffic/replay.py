@@ -11,7 +11,7 @@ from pathlib import Path
 import pandas as pd
 
 from tuner.config.workload import TraceConfig, WorkloadConfig
-from tuner.traffic.prompts import Block, shared_prefix_blocks
+from tuner.traffic.prompts import Block, Conversation, shared_prefix_blocks
 from tuner.traffic.trace import BLOCKS, PREFIX, SESSION, Trace, TraceOptions, load
 
 log = logging.getLogger(__name__)
@@ -46,21 +46,17 @@ def trace_options(workload: WorkloadConfig, tokenizer_path: str) -> TraceOptions
 
 
 def _session_blocks(trace: Trace) -> list[list[Block]]:
-    """Multi-turn sessions: each turn opens with the conversation so far (every earlier turn's
-    prompt and a stand-in of its answer, as blocks of their own); its new part is a block too,
-    so the next turn repeats it. A request without a session id opens with nothing."""
-    history: dict[str, list[Block]] = {}
+    """Multi-turn sessions, each a :class:`Conversation`: a turn's prompt is the conversation so
+    far and its new part. A request without a session id opens with nothing."""
+    talks: dict[str, Conversation] = {}
     out: list[list[Block]] = []
     rows = zip(trace.frame[SESSION], trace.prompt_tokens, trace.output_tokens, strict=True)
     for turn, (session, prompt, output) in enumerate(rows):
         if pd.isna(session):
             out.append([])
             continue
-        so_far = history.get(str(session), [])
-        new = max(0, int(prompt) - sum(n for _, n in so_far))
-        mine = [*so_far, (f"turn:{session}:{turn}:in", new)] if new else list(so_far)
-        out.append(mine)
-        history[str(session)] = [*mine, (f"turn:{session}:{turn}:out", int(output))]
+        talk = talks.setdefault(str(session), Conversation(f"turn:{session}"))
+        out.append(talk.turn(max(0, int(prompt) - talk.tokens), int(output), tag=turn))
     return out
 
 
