@@ -132,6 +132,16 @@ def test_evidence_reads_back_typed(tmp_path: Path) -> None:
     assert ref.model_names == [str(TINY_MODEL)]
 
 
+def test_evidence_of_a_conversational_workload_reads_back_typed(tmp_path: Path) -> None:
+    data = evidence()
+    data["workload"]["sessions"] = {"turns": 3, "think_s": 2.5, "think": "fixed"}
+    ref = read_reference(write_evidence(tmp_path / "e.json", data))
+    assert (ref.workload.sessions.turns, ref.workload.sessions.think_s) == (3, 2.5)
+    data["workload"]["sessions"] = {"turns": 0}
+    with pytest.raises(ConfigError, match="workload.sessions"):
+        read_reference(write_evidence(tmp_path / "bad.json", data))
+
+
 def test_the_rows_judge_objectives_and_the_slos_that_are_set(tmp_path: Path) -> None:
     ref = read_reference(write_evidence(tmp_path / "e.json", evidence()))
     rows = {r.name: r for r in verdict_rows(ref, [measurements(600.0, 2.4)] * 2)}

@@ -20,6 +20,7 @@ from tuner.config.workload import (
     LengthDist,
     PrefixConfig,
     RequestClass,
+    SessionConfig,
     TraceConfig,
     WorkloadConfig,
 )
@@ -85,6 +86,7 @@ def workload_from(data: Any, where: str = "evidence workload") -> WorkloadConfig
     wl.classes = classes
     # the nested settings arrive as mappings: typed here, or their defaults where absent
     wl.prefix = _typed(PrefixConfig, data.get("prefix") or {}, f"{where}.prefix")
+    wl.sessions = _typed(SessionConfig, data.get("sessions") or {}, f"{where}.sessions")
     trace = data.get("trace")
     wl.trace = None if trace is None else _typed(TraceConfig, trace, f"{where}.trace")
     wl.validate()
