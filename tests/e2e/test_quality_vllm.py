@@ -35,7 +35,8 @@ from tuner.quality import (
 from tuner.scoring.objective import ObjectiveContext, get_constraint
 from tuner.server import LaunchSpec, make_backend
 
-pytestmark = pytest.mark.e2e
+# Outputs and the gate's verdict, not speeds: it shares the host with other tests.
+pytestmark = [pytest.mark.e2e, pytest.mark.shares_host]
 QCFG = QualityConfig()  # the shipped set and defaults: 13 prompts, 64 tokens each
 
 

