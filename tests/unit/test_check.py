@@ -138,7 +138,7 @@ def test_evidence_of_a_conversational_workload_reads_back_typed(tmp_path: Path) 
     ref = read_reference(write_evidence(tmp_path / "e.json", data))
     assert (ref.workload.sessions.turns, ref.workload.sessions.think_s) == (3, 2.5)
     data["workload"]["sessions"] = {"turns": 0}
-    with pytest.raises(ConfigError, match="workload.sessions"):
+    with pytest.raises(ConfigError, match=r"workload\.sessions"):
         read_reference(write_evidence(tmp_path / "bad.json", data))
 
 
