@@ -186,11 +186,7 @@ TALK = [
 
 
 def test_multi_turn_conversations_are_served_from_vllms_prefix_cache(
-    tmp_path: Path,
-    tiny_model: Path,
-    no_leftovers: None,
-    monkeypatch: pytest.MonkeyPatch,
-    served: ServerBackend,
+    tmp_path: Path, no_leftovers: None, monkeypatch: pytest.MonkeyPatch, served: ServerBackend
 ) -> None:
     """Each turn carries the conversation so far: vLLM serves it from its prefix cache, at
     least the whole blocks of the previous turn's prompt (less one) for every follow-up turn."""
