@@ -42,11 +42,14 @@ SHRUNK = [
     "workload.window_s=3",
     "quality.enabled=false",
 ]
-SIMULATED = [
-    "server=simulated_gpu",
-    f"server.args.tokenizer={TINY_MODEL}",
-    "workload.concurrency=16",
-]
+SIMULATED = ["server=simulated_gpu", f"server.args.tokenizer={TINY_MODEL}"]
+# The users each preset is rehearsed with. Two trials side by side, each with its host and its
+# Locust, share a 2-core CI host: the 8B's 16 users (~2,000 tokens/s at the modelled speed)
+# needed more than it had, tokens were read late, one config read 164 tokens/s per user alone
+# and 152 beside another, and a check of the exported config read 8 % below its evidence. 8
+# users need half of that. The 70B's 16 users keep its parallelism stage's TP 4, which leaves
+# GPUs for its batching stage to run two trials side by side.
+USERS = {"llama8b_h100": 8, "llama70b_8xh200": 16}
 # 8 declared GPUs, and the cores of an 8-GPU node (4 per GPU) on a 2-core host
 RAY = ["study.executor=ray", "study.parallel=2"]
 if not REAL:  # a real node's GPUs and cores are what Ray detects
@@ -100,7 +103,13 @@ class Rehearsal:
 def overrides(preset: str) -> list[str]:
     if REAL:  # a GPU node: vLLM itself, on the model folder the check script names
         return [f"study={preset}", *SHRUNK, f"server.model={os.environ['TUNER_REHEARSAL_MODEL']}"]
-    return [f"study={preset}", *SHRUNK, *SIMULATED, f"study.stages={STAGES[preset]}"]
+    return [
+        f"study={preset}",
+        *SHRUNK,
+        *SIMULATED,
+        f"workload.concurrency={USERS[preset]}",
+        f"study.stages={STAGES[preset]}",
+    ]
 
 
 def tokenizer() -> str:
