@@ -148,6 +148,20 @@ def cmd_export(args: argparse.Namespace) -> int:
     from tuner.export.serve import export_command
 
     _quiet_libraries()
+    if args.measure:
+        from tuner.deployment.more_windows import measure_for_check
+
+        if args.pareto:
+            raise ConfigError("--measure measures one config: pass --trial, or neither")
+        measure_for_check(
+            args.study,
+            args.storage,
+            args.studies_dir,
+            args.trial,
+            args.stage,
+            args.max_windows,
+            say,
+        )
     return export_command(
         args.study,
         args.storage,
@@ -187,6 +201,14 @@ def _add_review(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     pick.add_argument("--pareto", action="store_true", help="every Pareto-optimal trial")
     export.add_argument("--stage", default=None, help="the stage of --trial (or baseline)")
     export.add_argument("--out", type=Path, default=None, help="default: studies/<name>/export")
+    export.add_argument(
+        "--measure",
+        action="store_true",
+        help="first measure the windows a check needs to resolve check.resolve (starts its server)",
+    )
+    export.add_argument(
+        "--max-windows", type=int, default=None, help="--measure's budget (check.max_windows)"
+    )
     export.set_defaults(func=cmd_export)
     dash = sub.add_parser("dashboard", help="optuna-dashboard on 127.0.0.1 for a study")
     _add_study(dash)

@@ -20,6 +20,8 @@ from typing import Final
 BASELINE_PREFIX: Final = "baseline:"
 CONFIRM: Final = "confirm"  # the confirmation study's suffix, and its trials' stage label
 REFINE: Final = "refine"  # the last joint stage of a staged study
+# The confirmation slots of windows `tuner export --measure` adds to a chosen configuration
+EXPORT: Final = "export"
 _SEPARATOR: Final = ":"
 
 

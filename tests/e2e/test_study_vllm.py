@@ -39,7 +39,7 @@ from tuner.export import k8s
 from tuner.host.placement import Placement
 from tuner.review.report import build_report, figure_data
 from tuner.review.stored import open_review
-from tuner.schema import StudyAttr
+from tuner.schema import StudyAttr, TrialAttr, confirm_study
 from tuner.server.vllm_parser import check_argvs, parsed_args
 
 pytestmark = [pytest.mark.e2e, pytest.mark.shares_host]
@@ -64,7 +64,8 @@ def storage_with_password(small_study: SmallStudy) -> str:
     return small_study.storage.replace("postgres@", f"postgres:{DB_PASSWORD}@")
 
 
-def tuner(args: list[str], study: SmallStudy, studies: Path) -> str:
+def tuner(args: list[str], study: SmallStudy, studies: Path, progress: bool = False) -> str:
+    """The command's output (with its progress lines on stderr where ``progress``)."""
     env = {**os.environ, **SECRETS, "PYTHONUNBUFFERED": "1"}
     cmd = [
         sys.executable,
@@ -80,7 +81,7 @@ def tuner(args: list[str], study: SmallStudy, studies: Path) -> str:
     done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
     assert not planted_in(done.stdout + done.stderr)
-    return done.stdout
+    return done.stdout + done.stderr if progress else done.stdout
 
 
 def planted_in(text: str) -> list[str]:
@@ -238,6 +239,43 @@ def test_dashboard_answers_on_loopback_with_trials_and_artifacts(
     assert proc.returncode == 0, "".join(seen) + rest
     assert not planted_in("".join(seen) + rest)
     assert not leftover_processes(str(review_copy))
+
+
+def test_export_measure_records_the_windows_a_check_needs(
+    small_study: SmallStudy, tmp_path: Path
+) -> None:
+    """The small study measured its export's config once (no repeats): its noise is unknown and
+    no check could resolve anything. `export --measure` runs two more windows of it as trials
+    of the study, and the evidence is exported with all three."""
+    out_dir = tmp_path / "export"
+    args = ["export", "--measure", "--max-windows", "2", "--format", "yaml", "--out", str(out_dir)]
+    out = tuner(args, small_study, small_study.studies_dir, progress=True)
+    assert "measuring 2 more windows" in out and "2 of 2 new windows measured" in out, out
+    confirm = load_studies(small_study.storage)[confirm_study(small_study.name)]
+    added = [
+        t
+        for t in confirm.trials
+        if str(t.user_attrs.get(TrialAttr.CONFIRM_TAG, "")).startswith("export/")
+    ]
+    assert sorted(t.user_attrs[TrialAttr.CONFIRM_TAG] for t in added) == [
+        "export/0/candidate",
+        "export/1/candidate",
+    ]
+    assert all(t.user_attrs[TrialAttr.STATUS] == "ok" for t in added)
+    evidence = json.loads((out_dir / "evidence.json").read_text())
+    chosen = evidence["trial"]
+    params = {} if chosen is None or chosen["optuna_study"].startswith("baseline:") else None
+    if params is not None:  # the baseline stayed: the new windows ran its fixed args only
+        assert all(t.user_attrs[TrialAttr.PARAMS_ALL] == params for t in added)
+    plan = evidence["check"]["windows"]
+    assert {p["recorded"] for p in plan.values()} == {
+        len(evidence["check"]["samples"][n]) for n in plan
+    }
+    assert all(p["recorded"] >= 3 for p in plan.values()), plan
+    # three windows of one config: its noise is known, and the check's plan says what it resolves
+    assert all(p["resolves"] is not None for p in plan.values()), plan
+    assert "check: 3 windows of this config" in (out_dir / "vllm-config.yaml").read_text()
+    assert not leftover_processes(str(small_study.studies_dir))
 
 
 def test_no_planted_secret_in_any_output(small_study: SmallStudy, review_copy: Path) -> None:

@@ -14,6 +14,8 @@ import yaml
 
 from tests.fakes import stored_study as fake
 from tuner.config import CheckConfig
+from tuner.deployment.more_windows import measure_for_check, windows_wanted
+from tuner.errors import ConfigError
 from tuner.review.evidence import build_evidence, windows_line, windows_plan
 from tuner.review.stored import open_review
 from tuner.schema import baseline_study, confirm_study, stage_study
@@ -108,3 +110,25 @@ def test_the_evidence_says_how_many_windows_it_holds_and_what_a_check_resolves_w
     assert NoiseEstimate(noise.rel_sd, noise.df + 10 + more).resolution(more, 12) > 0.1
     line = windows_line({"output_throughput": strict})
     assert f"needs {more} more windows for 10%" in line and "study.repeats" in line
+
+
+def test_export_measure_asks_the_largest_need_within_its_budget() -> None:
+    """`tuner export --measure`: the windows the objective that needs most asks for, capped by
+    the budget; two where a noise is still unknown; none where no number of windows would do."""
+    noise = NoiseEstimate(0.08, 3)
+    strict = windows_plan(noise, 1, CheckConfig(resolve=0.1), "output_throughput")
+    loose = windows_plan(noise, 1, CheckConfig(resolve=0.5), "p99_e2e")
+    assert strict["more_needed"] > 2 and loose["more_needed"] == 0
+    plan = {"output_throughput": strict, "p99_e2e": loose}
+    assert windows_wanted(plan, 100) == strict["more_needed"]
+    assert windows_wanted(plan, 2) == 2
+    assert windows_wanted({"p99_e2e": loose}, 100) == 0
+    unknown = windows_plan(NoiseEstimate(math.nan, 0), 1, CheckConfig(), "output_throughput")
+    assert unknown["resolves"] is None and windows_wanted({"x": unknown}, 100) == 2
+    hopeless = {"more_needed": None, "resolves": 0.6}  # the check's own side alone is wider
+    assert windows_wanted({"x": hopeless}, 100) == 0
+
+
+def test_export_measure_refuses_a_budget_below_one(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="--max-windows must be at least 1"):
+        measure_for_check("demo", None, tmp_path, None, None, 0, print)

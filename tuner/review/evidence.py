@@ -214,8 +214,8 @@ def windows_line(plan: dict[str, dict[str, Any]]) -> str:
         parts.append(f"{name} {seen} ({need} for {p['asked']:.0%})")
     text = f"check: {recorded} windows of this config; a {budget}-window check resolves "
     hint = (
-        "; export measures none itself: raise study.repeats (study.baseline_measurements for "
-        "the baseline) and run the study again"
+        "; `tuner export --measure` measures the windows it needs (or raise study.repeats, "
+        "study.baseline_measurements for the baseline, and run the study again)"
     )
     return text + ", ".join(parts) + (hint if short else "")
 

@@ -19,7 +19,16 @@ from tuner.errors import StudyFailedError
 from tuner.executor import DEVICES_ATTR, Executor, TrialFn, TrialResult, make_executor
 from tuner.paths import StudyPaths
 from tuner.quality import check_config
-from tuner.schema import Role, StudyAttr, TrialAttr, baseline_study, stage_study
+from tuner.schema import (
+    EXPORT,
+    Role,
+    StudyAttr,
+    TrialAttr,
+    baseline_study,
+    confirm_label,
+    confirm_study,
+    stage_study,
+)
 from tuner.search import space as search_space
 from tuner.search.samplers import make_sampler
 from tuner.server import LaunchSpec
@@ -148,6 +157,37 @@ class StudyRunner:
             for st, study in zip(self.stages, self._done_stages, strict=True)
         }
         return StudyResult(baseline, incumbent, decisions, pareto)
+
+    def measure_more(self, params: dict[str, Any], count: int) -> list[Evaluated]:
+        """``count`` more windows of one configuration, each a trial as the study measures
+        one, kept in its confirmation study as candidates (slots ``export/<n>``, after any
+        earlier ones): what `tuner export --measure` adds to a chosen config's evidence."""
+        self.paths.ensure()
+        self.storage = open_storage(self.storage_url)
+        check_resumed(self.storage, self.config.name, self.evaluator.names)
+        self.executor = self.executor or make_executor(self.config, self.trial_fn, self.say)
+        self.flights = Flights(
+            self.executor, self.config, self.storage, self.paths, self.all_specs, self.say
+        )
+        self.launches = LaunchBudget(count)
+        try:
+            confirm = self._open(confirm_study(self.config.name))
+            tags = [str(t.user_attrs.get(TrialAttr.CONFIRM_TAG, "")) for t in confirm.trials]
+            first = sum(tag.startswith(f"{EXPORT}/") for tag in tags)
+            wants = [
+                Want(
+                    confirm,
+                    confirm_label(EXPORT),
+                    params,
+                    Role.CANDIDATE,
+                    {TrialAttr.CONFIRM_TAG: f"{EXPORT}/{n}/{Role.CANDIDATE}"},
+                    f"export: window {n - first + 1}/{count} of the chosen config",
+                )
+                for n in range(first, first + count)
+            ]
+            return self._measure_many(wants)
+        finally:
+            self.close()
 
     def close(self) -> None:
         """Release the executor (a local Ray instance shuts down); idempotent."""
