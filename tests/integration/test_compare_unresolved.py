@@ -4,6 +4,7 @@ past the budget. Noise only widens what it cannot resolve, so this shares the ho
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -48,6 +49,15 @@ def test_a_resolution_out_of_reach_is_unresolved_exit_3_within_the_budget(
     assert unresolved and rows["p99_e2e_latency"] in unresolved  # a tail never reads the same
     for r in rows.values():
         assert (r["decision"] == "within noise") == (r["resolution"] <= 0.001), r
-    needs = [r["needs"] for r in unresolved if r["needs"] is not None]
-    assert needs and all(n > 0 for n in needs)
-    assert "unresolved (needs" in capsys.readouterr().out
+    # each unresolved row says what would resolve it: more windows of each, or that no number
+    # would (a P99 whose spread is known but wide for 0.1 % needs more than any budget)
+    table = capsys.readouterr().out
+    for r in unresolved:
+        assert r["needs"] is None or r["needs"] > 0, r
+        line = next(ln for ln in table.splitlines() if ln.strip().startswith(str(r["objective"])))
+        if r["needs"] is not None:
+            assert f"needs {r['needs']} more windows of each" in line, line
+        elif math.isfinite(r["resolution"]):
+            assert "more windows cannot resolve it" in line, line
+        else:
+            assert "noise unknown" in line, line

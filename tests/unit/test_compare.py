@@ -6,6 +6,7 @@ tests/e2e/test_deployment_vllm.py (real vLLM)."""
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -70,3 +71,13 @@ def test_the_interval_is_the_rules_threshold_as_a_factor() -> None:
 def test_missing_values_give_no_decision() -> None:
     r = ratio_of("x", "maximize", [100.0, math.nan], [100.0, 101.0], 0.02)
     assert r.decision == UNRESOLVED and math.isnan(r.ratio)
+
+
+def test_an_unresolved_row_says_whether_more_windows_could_resolve_it() -> None:
+    """A known noise too wide for the asked resolution within any number of windows says so;
+    only a row with no noise at all reads "noise unknown"."""
+    wide = ratio_of("x", "maximize", [1000.0, 1300.0], [1300.0, 1000.0], 0.02, 0.0001)
+    assert wide.decision == UNRESOLVED and wide.needs is None
+    assert math.isfinite(wide.resolution)
+    assert wide.label == "unresolved (more windows cannot resolve it)"
+    assert replace(wide, resolution=math.inf).label == "unresolved (noise unknown)"

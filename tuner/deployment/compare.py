@@ -94,7 +94,9 @@ class Ratio:
     def label(self) -> str:
         if self.decision != UNRESOLVED:
             return str(self.decision)
-        if self.needs is None:
+        if self.needs is None:  # a known noise too wide for any number of windows, or none
+            if math.isfinite(self.resolution):
+                return "unresolved (more windows cannot resolve it)"
             return "unresolved (noise unknown)"
         return f"unresolved (needs {self.needs} more windows of each)"
 
