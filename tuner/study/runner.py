@@ -132,7 +132,9 @@ class StudyRunner:
         return redact_url(self.storage_url)
 
     # -- the run -----------------------------------------------------------------------
-    def run(self) -> StudyResult:
+    def _open_run(self) -> None:
+        """The storage (checked against the objectives it was run with), the executor and
+        its flights: what measuring anything of this study needs first."""
         self.paths.ensure()
         self.storage = open_storage(self.storage_url)
         check_resumed(self.storage, self.config.name, self.evaluator.names)
@@ -140,6 +142,9 @@ class StudyRunner:
         self.flights = Flights(
             self.executor, self.config, self.storage, self.paths, self.all_specs, self.say
         )
+
+    def run(self) -> StudyResult:
+        self._open_run()
         try:
             baseline = self._baseline()
             incumbent, decisions = baseline, []
@@ -162,13 +167,7 @@ class StudyRunner:
         """``count`` more windows of one configuration, each a trial as the study measures
         one, kept in its confirmation study as candidates (slots ``export/<n>``, after any
         earlier ones): what `tuner export --measure` adds to a chosen config's evidence."""
-        self.paths.ensure()
-        self.storage = open_storage(self.storage_url)
-        check_resumed(self.storage, self.config.name, self.evaluator.names)
-        self.executor = self.executor or make_executor(self.config, self.trial_fn, self.say)
-        self.flights = Flights(
-            self.executor, self.config, self.storage, self.paths, self.all_specs, self.say
-        )
+        self._open_run()
         self.launches = LaunchBudget(count)
         try:
             confirm = self._open(confirm_study(self.config.name))
