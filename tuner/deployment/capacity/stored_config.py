@@ -55,7 +55,10 @@ def stored_config(data: dict[str, Any], study: str) -> TunerConfig:
     if not data.get("server"):
         raise ConfigError(
             f"study {study!r} has no stored config.yaml with a server",
-            hint="capacity runs the study's server: pass the --studies-dir `tuner run` used",
+            hint=(
+                "capacity and export --measure run the study's server: "
+                "pass the --studies-dir `tuner run` used"
+            ),
         )
     config = from_dict(TunerConfig, data)
     config.server.api_key = None  # stored without it: a fresh key per launch
