@@ -23,7 +23,7 @@ from tuner.server import vllm_engine_config
 from tuner.study.evaluation import Evaluator
 from tuner.study.prescreen import Prescreen
 from tuner.study.runner import StudyRunner
-from tuner.study.stages import launched_trials
+from tuner.study.stored_stage import StoredStage
 from tuner.trial.outcome import REASON_INVALID_CONFIG, TrialOutcome
 
 pytestmark = [pytest.mark.integration, pytest.mark.shares_host]
@@ -143,7 +143,9 @@ def test_a_study_tells_a_refused_candidate_without_launching_it(
     assert first.user_attrs["role"] == Role.SEARCH and first.user_attrs["timings"]["prescreen"] < 1
     assert all(a.get("max_num_batched_tokens") != 1024 for a in launched)
     assert len(launched) == 2  # the baseline and the one point vLLM accepts
-    assert first not in launched_trials(study)  # no launch, so no launch budget spent
+    assert (
+        first not in StoredStage(study, runner.stages[0]).launched()
+    )  # no launch, so no launch budget spent
     assert runner.launches.done == 2
 
 

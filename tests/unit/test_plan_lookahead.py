@@ -20,6 +20,7 @@ from tuner.search import space as search_space
 from tuner.study.evaluation import Evaluator
 from tuner.study.prescreen import LOOKAHEAD_TOLERANCE, Prescreen
 from tuner.study.stages import Incumbent, Stage
+from tuner.study.stored_stage import StoredStage
 
 logging.getLogger("aiconfigurator_core").setLevel(logging.ERROR)
 BATCHES = [4, 8, 16, 32, 64]
@@ -143,7 +144,7 @@ def test_a_tp_whose_best_batch_beats_the_incumbents_leads_the_batching_stage(
     study = optuna.create_study(directions=["maximize", "maximize"])
     for tp in (8, 4):
         _tell(study, parallelism, screen, _point(tp, 64))
-    found = screen.lead_ahead(study, parallelism, batching, incumbent, 0.02)
+    found = screen.lead_ahead(StoredStage(study, parallelism), batching, incumbent, 0.02)
     assert found is not None
     lead, line = found
     assert lead.params == _point(4, 64) and lead.source == "parallelism trial 1 (lead)"
@@ -151,7 +152,9 @@ def test_a_tp_whose_best_batch_beats_the_incumbents_leads_the_batching_stage(
     best = _best_batch(screen.planner, 4, config.slo.p99_tpot_s)[0]
     assert f"{{'max_num_seqs': {best}}}" in line and f"+{gain:.1%}" in line
     # a gain the study would not accept is no lead
-    assert screen.lead_ahead(study, parallelism, batching, incumbent, gain + 0.01) is None
+    assert (
+        screen.lead_ahead(StoredStage(study, parallelism), batching, incumbent, gain + 0.01) is None
+    )
 
 
 def test_a_stage_is_seeded_with_the_tp_whose_best_batch_is_best(
@@ -167,7 +170,7 @@ def test_a_stage_is_seeded_with_the_tp_whose_best_batch_is_best(
     seeds = {}
     for name, following in (("by its miss", None), ("by its best batch", batching)):
         study = optuna.create_study(directions=["maximize", "maximize"])
-        assert screen.enqueue_best(study, parallelism, incumbent, 1, following) == 1
+        assert screen.enqueue_best(StoredStage(study, parallelism), incumbent, 1, following) == 1
         proposal = search_space.suggest(study.ask(), parallelism.specs)  # the stage's first
         seeds[name] = proposal["tensor_parallel_size"]
     assert seeds == {"by its miss": 8, "by its best batch": 4}
@@ -195,7 +198,7 @@ def test_without_a_ttft_that_anchors_the_estimates_nothing_is_judged_ahead(
     trial.set_user_attr(TrialAttr.STATUS, TrialStatus.OK)
     trial.set_constraint("slo_p99_ttft", queued["slo_p99_ttft"])
     study.tell(trial, [1.0, 1.0])
-    assert screen.lead_ahead(study, parallelism, batching, incumbent, 0.02) is None
+    assert screen.lead_ahead(StoredStage(study, parallelism), batching, incumbent, 0.02) is None
 
 
 def test_a_best_batch_just_over_the_slo_still_counts(tmp_path: Path) -> None:
@@ -213,7 +216,9 @@ def test_a_best_batch_just_over_the_slo_still_counts(tmp_path: Path) -> None:
     study = optuna.create_study(directions=["maximize", "maximize"])
     for tp in (8, 4):
         _tell(study, parallelism, screen, _point(tp, 64))
-    found = screen.lead_ahead(study, parallelism, batching, _incumbent(screen, 8), 0.02)
+    found = screen.lead_ahead(
+        StoredStage(study, parallelism), batching, _incumbent(screen, 8), 0.02
+    )
     assert found is not None and f"+{r4 / r8 - 1:.1%} over the incumbent's" in found[1]
 
 

@@ -28,6 +28,7 @@ from tuner.study.evaluation import Evaluator
 from tuner.study.prescreen import Prescreen, seeds_for
 from tuner.study.runner import StudyRunner
 from tuner.study.stages import Incumbent, Stage
+from tuner.study.stored_stage import StoredStage
 from tuner.trial.outcome import REASON_SCREENED, TrialOutcome
 
 logging.getLogger("aiconfigurator_core").setLevel(logging.ERROR)
@@ -187,7 +188,7 @@ def _first_enqueued(config: TunerConfig) -> dict[str, Any]:
     screen = Prescreen(config, Evaluator(config, "H200"), lambda _: None, None, planner)
     study = optuna.create_study(directions=["maximize", "maximize"])
     stage = Stage("parallelism", config.search_space["parallelism"], config.study.trials_per_stage)
-    assert screen.enqueue_best(study, stage, Incumbent({}, [], {}, "baseline")) == 1
+    assert screen.enqueue_best(StoredStage(study, stage), Incumbent({}, [], {}, "baseline")) == 1
     return search_space.suggest(study.ask(), stage.specs)  # the stage's first proposal
 
 
@@ -296,8 +297,10 @@ def test_each_seed_is_chosen_knowing_how_the_last_one_measured(tmp_path: Path) -
     study = optuna.create_study(directions=["maximize", "maximize"])
 
     def next_seed() -> optuna.Trial:
-        assert screen.enqueue_best(study, stage, incumbent) == 1
-        assert screen.enqueue_best(study, stage, incumbent) == 0  # the queued one goes first
+        assert screen.enqueue_best(StoredStage(study, stage), incumbent) == 1
+        assert (
+            screen.enqueue_best(StoredStage(study, stage), incumbent) == 0
+        )  # the queued one goes first
         trial = study.ask()
         search_space.suggest(trial, stage.specs)
         assert trial.user_attrs[TrialAttr.SEEDED]
@@ -314,7 +317,7 @@ def test_each_seed_is_chosen_knowing_how_the_last_one_measured(tmp_path: Path) -
     assert meeting and all(est[n] * known(n) > slo for n in meeting)
     assert next_seed().params["max_num_seqs"] == max(meeting)
     next_seed()  # the third of 4 trials: the estimator chooses all but the sampler's one
-    assert screen.enqueue_best(study, stage, incumbent) == 0 and seeds_for(stage) == 3
+    assert screen.enqueue_best(StoredStage(study, stage), incumbent) == 0 and seeds_for(stage) == 3
 
 
 def test_trials_side_by_side_start_from_seeds_chosen_at_once(tmp_path: Path) -> None:
@@ -362,11 +365,11 @@ def test_a_point_measured_under_another_unmodelled_flag_is_not_seeded_again(
     stage = Stage("batching", specs, 4)
     incumbent = Incumbent({}, [1.0], {}, "baseline")
     study = optuna.create_study(directions=["maximize", "maximize"])
-    assert screen.enqueue_best(study, stage, incumbent) == 1
+    assert screen.enqueue_best(StoredStage(study, stage), incumbent) == 1
     first = study.ask()
     point = search_space.suggest(first, stage.specs)
     study.tell(first, [1.0, 1.0])
-    assert screen.enqueue_best(study, stage, incumbent) == 1
+    assert screen.enqueue_best(StoredStage(study, stage), incumbent) == 1
     assert len(study.get_trials(states=(optuna.trial.TrialState.WAITING,))) == 1
     again = search_space.suggest(study.ask(), stage.specs)
     assert again["max_num_seqs"] != point["max_num_seqs"]

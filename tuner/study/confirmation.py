@@ -33,15 +33,8 @@ from tuner.study.acceptance import (
 from tuner.study.evaluation import Evaluated, Evaluator
 from tuner.study.flights import Want
 from tuner.study.noise import NoiseEstimate, NoisePool
-from tuner.study.stages import (
-    Incumbent,
-    Repeats,
-    Stage,
-    launched_trials,
-    measured_ok,
-    search_trials,
-    stage_winner,
-)
+from tuner.study.stages import Incumbent, Repeats, Stage, measured_ok, stage_winner
+from tuner.study.stored_stage import StoredStage
 
 NOTHING_BEAT = "no feasible trial beat the incumbent"
 # Measurements (side by side where the executor has the slots) -> each evaluated, told already
@@ -92,22 +85,21 @@ class Confirmation:
 
     def decide(
         self,
-        study: optuna.Study,
-        stage: Stage,
+        stored: StoredStage,
         incumbent: Incumbent,
         base: dict[str, Any] | None = None,
     ) -> Decision:
         """Re-measure winner and incumbent interleaved; accept only beyond the noise. The
         stage searched around ``base`` (a lead's params; default the incumbent's)."""
-        idx, sign = self.evaluator.select_index, self.evaluator.select_sign
-        trials = search_trials(study)
+        stage, idx, sign = stored.stage, self.evaluator.select_index, self.evaluator.select_sign
+        trials = stored.search_trials()
         winner = stage_winner(trials, idx, sign, incumbent)
         obj, direction = self.evaluator.select_by, self.evaluator.directions[idx]
         inc_ok = meets(incumbent.constraints)
         if winner is None or (inc_ok and sign * winner.values[idx] <= sign * incumbent.values[idx]):
             return Decision(stage.name, obj, direction, False, NOTHING_BEAT)
         decision, inc = self._confirm(stage, incumbent, base, winner)
-        second = self._runner_up(study, trials, stage, incumbent, winner, decision, base)
+        second = self._runner_up(stored, trials, incumbent, winner, decision, base)
         if second is None:
             return decision
         self.say(
@@ -125,9 +117,8 @@ class Confirmation:
 
     def _runner_up(
         self,
-        study: optuna.Study,
+        stored: StoredStage,
         trials: list[optuna.trial.FrozenTrial],
-        stage: Stage,
         incumbent: Incumbent,
         winner: optuna.trial.FrozenTrial,
         decision: Decision,
@@ -145,7 +136,8 @@ class Confirmation:
             return None
         lead = base is not None and base != incumbent.params
         paid = lead and not meets(incumbent.constraints)
-        if not paid and stage.trials - len(launched_trials(study)) < self.config.study.repeats:
+        left = stored.stage.trials - len(stored.launched())
+        if not paid and left < self.config.study.repeats:
             return None
         idx, sign = self.evaluator.select_index, self.evaluator.select_sign
         others = [

@@ -14,7 +14,7 @@
   beside the measurement that decides.
 
 Neither counts as a launch: the stage's budget counts launched trials
-(:func:`tuner.study.stages.launched_trials`), the failure budget counts failed launches.
+(:meth:`tuner.study.stored_stage.StoredStage.launched`), the failure budget counts failed launches.
 """
 
 from __future__ import annotations
@@ -42,14 +42,8 @@ from tuner.search.launch import LaunchSpec
 from tuner.search.space import as_spec
 from tuner.study.evaluation import Evaluator
 from tuner.study.lead import lead_incumbent
-from tuner.study.stages import (
-    Incumbent,
-    Stage,
-    launched_trials,
-    measured_ok,
-    point_key,
-    search_trials,
-)
+from tuner.study.stages import Incumbent, Stage, measured_ok, point_key
+from tuner.study.stored_stage import StoredStage
 from tuner.trial.outcome import REASON_INVALID_CONFIG, REASON_SCREENED, TrialOutcome
 
 Progress = Callable[[str], None]
@@ -146,13 +140,13 @@ class Prescreen:
     # -- one candidate ---------------------------------------------------------------------
     def rejects(
         self,
-        study: optuna.Study,
+        stored: StoredStage,
         trial: optuna.Trial,
-        stage: Stage,
         params: dict[str, Any],
         specs: dict[str, Any],
     ) -> bool:
         """True when ``params`` must not launch; the trial is then told (infeasible)."""
+        stage = stored.stage
         launch = search_space.to_launch(params, specs)
         started = time.monotonic()
         why = self._too_many_gpus(params) or self._invalid(launch) or self._screened(trial, params)
@@ -168,7 +162,7 @@ class Prescreen:
             trial.set_user_attr(key, value)
         for key, value in result.constraints.items():
             trial.set_constraint(key, value)
-        study.tell(trial, result.values)
+        stored.study.tell(trial, result.values)
         self.say(f"stage {stage.name}: trial {trial.number} not launched ({reason}): {message}")
         return True
 
@@ -215,16 +209,16 @@ class Prescreen:
         return REASON_SCREENED, f"estimated not to fit on {self.planner.system}: {estimate.note}"
 
     # -- a stage's seeds ---------------------------------------------------------------------
-    def anchor(self, incumbent: Incumbent, study: optuna.Study | None = None) -> Anchor:
+    def anchor(self, incumbent: Incumbent, stored: StoredStage | None = None) -> Anchor:
         """Measured P99s over estimated means (:class:`Scale` per latency), fitted on the
-        incumbent's measurement and the launches of ``study`` (a stage around the incumbent).
+        incumbent's measurement and the launches of ``stored`` (a stage around the incumbent).
         A ratio beyond :data:`ANCHOR_RANGE` is a failed measurement rather than a bias and
         anchors nothing; with no measurement left an estimate is taken as it is."""
         if self.planner is None:
             return Anchor()
         seen = [(incumbent.params, incumbent.constraints)]
-        if study is not None:
-            trials = [t for t in launched_trials(study) if measured_ok(t)]
+        if stored is not None:
+            trials = [t for t in stored.launched() if measured_ok(t)]
             seen += [({**incumbent.params, **t.params}, t.constraints) for t in trials]
         samples: dict[str, list[tuple[float, float]]] = {"ttft": [], "tpot": [], "e2e": []}
         for params, constraints in seen:
@@ -256,8 +250,7 @@ class Prescreen:
 
     def enqueue_best(
         self,
-        study: optuna.Study,
-        stage: Stage,
+        stored: StoredStage,
         incumbent: Incumbent,
         at_once: int = 1,
         following: Stage | None = None,
@@ -273,6 +266,7 @@ class Prescreen:
         incumbent's batch every TP may miss the SLOs, and the one that misses by least is
         often not the one that serves most at the batch that meets them. Seeding by the miss
         measures the wrong TP, and with one launch a stage the right one is never measured."""
+        study, stage = stored.study, stored.stage
         kept = modelled(stage.specs)[0]
         if self.planner is None or not kept:
             return 0  # no estimator, or nothing it tells apart
@@ -285,7 +279,7 @@ class Prescreen:
         trials = study.get_trials(deepcopy=False)  # a point is its modelled params here
         taken = {point_key({p: t.params[p] for p in kept if p in t.params}) for t in trials}
         rank = _rank(self.evaluator.select_by)
-        anchor = self.anchor(incumbent, study)
+        anchor = self.anchor(incumbent, stored)
         starts = [p for p in points if p.estimate.starts and point_key(p.params) not in taken]
         ahead = self._ahead_rank(following, incumbent.params, anchor)
         starts.sort(key=lambda p: (ahead(p), p.overshoot(self.config.slo, anchor), rank(p)))
@@ -298,8 +292,7 @@ class Prescreen:
 
     def lead_ahead(
         self,
-        study: optuna.Study,
-        stage: Stage,
+        stored: StoredStage,
         following: Stage,
         incumbent: Incumbent,
         min_gain: float,
@@ -315,14 +308,15 @@ class Prescreen:
         smaller batch and serve more tokens per GPU there. Staged search keeps the larger TP
         and the next stage never sees the pair; the estimator ranks such completions well
         (:mod:`tuner.plan.fidelity`)."""
-        anchor = self.anchor(incumbent, study)
+        stage = stored.stage
+        anchor = self.anchor(incumbent, stored)
         if not self._ahead(following, anchor):
             return None
         rank = _rank(self.evaluator.select_by)
         mine = self._best_after(following, incumbent.params, anchor)
         own = {p: incumbent.params.get(p) for p in stage.specs}
         ahead = []
-        for trial in search_trials(study):
+        for trial in stored.search_trials():
             if not measured_ok(trial) or {p: trial.params.get(p) for p in own} == own:
                 continue
             best = self._best_after(following, {**incumbent.params, **trial.params}, anchor)

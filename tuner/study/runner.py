@@ -29,7 +29,6 @@ from tuner.schema import (
     confirm_study,
     stage_study,
 )
-from tuner.search import space as search_space
 from tuner.search.samplers import make_sampler
 from tuner.server import LaunchSpec
 from tuner.study.acceptance import Decision
@@ -41,36 +40,26 @@ from tuner.study.failure_budget import FailureBudget
 from tuner.study.fingerprint import digest
 from tuner.study.flights import Flight, Flights, Want, record_lost
 from tuner.study.lead import Following, next_lead
-from tuner.study.parallel import run_parallel_stage
 from tuner.study.prescreen import Prescreen
 from tuner.study.reference import QualityReference
 from tuner.study.resume import check_resumed, open_study
+from tuner.study.stage_search import SearchTools, StageSearch
 from tuner.study.stages import (
     Incumbent,
     Stage,
     StudyResult,
     after_decision,
     baseline_incumbent,
-    exhausted,
     jsonable,
-    launched_trials,
-    measured_config,
-    measured_point,
     ok_trials,
-    pareto_front,
     plan_stages,
-    queue_unmeasured,
-    search_trials,
-    seed_incumbent,
-    stage_winner,
-    tell_reused,
 )
 from tuner.study.storage import open_storage
+from tuner.study.stored_stage import StoredStage
 from tuner.trial.run import run_trial
 
 Progress = Callable[[str], None]
 __all__ = ["Progress", "StudyRunner", "TrialFn"]  # TrialFn: the trial seam, tuner.executor's
-MAX_PROPOSALS_PER_TRIAL = 4
 
 
 class StudyRunner:
@@ -108,13 +97,11 @@ class StudyRunner:
         # The quality gate's reference: the baseline's outputs, kept in the storage with it
         self.quality = QualityReference(config, self.stages, self.paths, progress)
         self.baseline_ref: tuple[str, int] = ("", -1)  # (study, trial) of the baseline used
-        self._done_stages: list[optuna.Study] = []  # finished stages: their measurements reused
+        self.done: list[StoredStage] = []  # finished stages, in order: their measurements reused
         # Checks of a candidate before its launch (vLLM's config, the estimator); attached by
         # Session.preflight, so a runner built without it (tests, replays) launches directly.
         self.prescreen: Prescreen | None = None
-        self.confirmation = Confirmation(
-            config, evaluator, self._open, self._measure_many, progress
-        )
+        self.confirmation = Confirmation(config, evaluator, self._open, self.measure_many, progress)
 
     @property
     def storage_url(self) -> str:
@@ -142,6 +129,18 @@ class StudyRunner:
         self.flights = Flights(
             self.executor, self.config, self.storage, self.paths, self.all_specs, self.say
         )
+        self.search = SearchTools(
+            self.flights,
+            self.land,
+            self.tell,
+            self.evaluator,
+            self.canonical,
+            self.config.server,
+            self.config.study.reuse,
+            self.prescreen,
+            self.say,
+            self.done,
+        )
 
     def run(self) -> StudyResult:
         self._open_run()
@@ -156,11 +155,7 @@ class StudyRunner:
                 following.after(decision.accepted, partial(self._lead, stage, incumbent, decision))
         finally:
             self.close()
-        # _run_stage keeps each stage's study open, in stage order
-        pareto = {
-            st.name: pareto_front(study)
-            for st, study in zip(self.stages, self._done_stages, strict=True)
-        }
+        pareto = {stored.name: stored.pareto_front() for stored in self.done}
         return StudyResult(baseline, incumbent, decisions, pareto)
 
     def measure_more(self, params: dict[str, Any], count: int) -> list[Evaluated]:
@@ -184,7 +179,7 @@ class StudyRunner:
                 )
                 for n in range(first, first + count)
             ]
-            return self._measure_many(wants)
+            return self.measure_many(wants)
         finally:
             self.close()
 
@@ -197,10 +192,6 @@ class StudyRunner:
     def parallel(self) -> bool:
         """Proposals are asked while other trials of their stage still run."""
         return self.executor is not None and self.executor.slots > 1
-
-    @property
-    def reuses(self) -> bool:
-        return self.config.study.reuse
 
     def _open(self, name: str, stage: Stage | None = None) -> optuna.Study:
         sampler = None
@@ -241,7 +232,7 @@ class StudyRunner:
             Want(study, Role.BASELINE, {}, Role.BASELINE, note=note.format(n + 1))
             for n in range(have, want)
         ]
-        for result in self._measure_many(wants, stop=lambda r: not r.outcome.ok):
+        for result in self.measure_many(wants, stop=lambda r: not r.outcome.ok):
             if not result.outcome.ok:
                 raise StudyFailedError(
                     f"the baseline failed ({result.outcome.reason}): {result.outcome.message}",
@@ -250,22 +241,13 @@ class StudyRunner:
         return ok_trials(study)[-want:]  # every new one is ok, and the newest
 
     # -- one trial -----------------------------------------------------------------------
-    def _measure(
-        self, trial: optuna.Trial, label: str, params: dict[str, Any], role: str
-    ) -> Evaluated:
-        """One trial, on the local executor (the serial stage loop), not told."""
-        self.flights.start(Want(trial.study, label, params, role), trial)
-        result = self._land(*self.flights.next())
-        assert result is not None  # the local executor never loses a trial
-        return result
-
-    def _measure_many(
+    def measure_many(
         self, wants: list[Want], stop: Callable[[Evaluated], bool] | None = None
     ) -> list[Evaluated]:
         """Each want measured and told, side by side as far as the executor has slots."""
-        return self.flights.measure(wants, self._land, self._tell, stop)
+        return self.flights.measure(wants, self.land, self.tell, stop)
 
-    def _land(self, flight: Flight, result: TrialResult) -> Evaluated | None:
+    def land(self, flight: Flight, result: TrialResult) -> Evaluated | None:
         """A finished trial evaluated and recorded (not told); None when the executor lost it
         (recorded as failed: the caller measures again)."""
         want = flight.want
@@ -300,7 +282,7 @@ class StudyRunner:
         for key, value in result.constraints.items():
             trial.set_constraint(key, value)
 
-    def _tell(self, study: optuna.Study, trial: optuna.Trial, result: Evaluated) -> None:
+    def tell(self, study: optuna.Study, trial: optuna.Trial, result: Evaluated) -> None:
         # A failed server is told as an infeasible COMPLETE trial (with sentinel values and a
         # violated 'failed' constraint) so the sampler learns to avoid the region; a FAIL
         # state would be ignored by TPE.
@@ -316,44 +298,20 @@ class StudyRunner:
         self, stage: Stage, incumbent: Incumbent, lead: Incumbent | None = None
     ) -> tuple[Incumbent, Decision]:
         """Search the stage around ``lead`` (else the incumbent), then decide against the
-        incumbent (tuner.study.lead)."""
+        incumbent (tuner.study.lead); a stage decided already is only read back."""
         start = lead or incumbent
         rest = self._stage_trials(self.stages.index(stage))
         self.launches.replan(planned_launches(self.config.study, rest, 0))
-        study = self._open(stage_study(self.config.name, stage.name), stage)
-        if StudyAttr.BASELINE_STUDY not in study.user_attrs:
-            study.set_user_attr(StudyAttr.BASELINE_STUDY, self.baseline_ref[0])
-            study.set_user_attr(StudyAttr.BASELINE_TRIAL, self.baseline_ref[1])
-        if StudyAttr.DECISION in study.user_attrs:
-            decision = Decision.from_dict(study.user_attrs[StudyAttr.DECISION])
+        stored = StoredStage(self._open(stage_study(self.config.name, stage.name), stage), stage)
+        stored.link_baseline(*self.baseline_ref)
+        decision = stored.decision()
+        if decision is not None:
             self.confirmation.learn(incumbent.params, decision)
-            self._done_stages.append(study)
-            return self._apply(decision, incumbent, stage), decision
-        self._seed_incumbent(study, stage, start)
-        if self.flights.parallel:  # several trials at once, or away from this process
-            run_parallel_stage(self, study, stage, start)
-        while not self.flights.parallel and (done := len(launched_trials(study))) < stage.trials:
-            if self._stage_exhausted(study, stage):
-                break
-            self._cover(study, stage, done, start)
-            trial = study.ask()
-            point = search_space.suggest(trial, stage.specs)
-            params = {**start.params, **point}
-            seen = self._measured(study, point, params) if self.config.study.reuse else None
-            if seen is not None:
-                self._reuse(study, trial, seen, stage)
-                continue
-            screen = self.prescreen
-            if screen and screen.rejects(study, trial, stage, params, self.all_specs):
-                continue  # told as infeasible, never launched
-            # Counted as launches: a reused or refused proposal above took no number.
-            self.say(f"stage {stage.name}: trial {done + 1}/{stage.trials}")
-            result = self._measure(trial, stage.name, params, Role.SEARCH)
-            self._tell(study, trial, result)
-            self._say_best(study, stage)
-        decision = self.confirmation.decide(study, stage, incumbent, start.params)
-        study.set_user_attr(StudyAttr.DECISION, jsonable(decision.to_dict()))
-        self._done_stages.append(study)
+        else:
+            StageSearch(self.search, stored, start, self._following(stage)).run()
+            decision = self.confirmation.decide(stored, incumbent, start.params)
+            stored.keep_decision(decision)
+        self.done.append(stored)
         return self._apply(decision, incumbent, stage), decision
 
     def _lead(self, stage: Stage, incumbent: Incumbent, decision: Decision) -> Incumbent | None:
@@ -363,70 +321,20 @@ class StudyRunner:
         if following is None:
             return None
         select = (self.evaluator.select_index, self.evaluator.select_sign)
-        study, gain = self._done_stages[-1], self.config.study.min_gain
+        stored, gain = self.done[-1], self.config.study.min_gain
         found = next_lead(
-            search_trials(study), incumbent, decision, select, gain, self.confirmation.pooled()
+            stored.search_trials(), incumbent, decision, select, gain, self.confirmation.pooled()
         )
         if found is None and self.prescreen is not None:
-            found = self.prescreen.lead_ahead(study, stage, following, incumbent, gain)
+            found = self.prescreen.lead_ahead(stored, following, incumbent, gain)
         if found is None:
             return None
         self.say(found[1])
         return found[0]
 
-    def _cover(self, study: optuna.Study, stage: Stage, launched: int, start: Incumbent) -> None:
-        """The estimator's next seeds (study.prescreen; as many as trials run at once, which
-        start knowing the same), or the points left once the stage's budget covers them
-        (stages.queue_unmeasured)."""
-        if self.prescreen is not None:
-            self.prescreen.enqueue_best(
-                study, stage, start, self.flights.executor.slots, self._following(stage)
-            )
-        if left := queue_unmeasured(study, stage, launched):
-            self.say(
-                f"stage {stage.name}: its budget covers the {len(left)} point(s) not "
-                "measured yet; measuring each"
-            )
-
     def _following(self, stage: Stage) -> Stage | None:
         at = self.stages.index(stage)
         return self.stages[at + 1] if at + 1 < len(self.stages) else None
-
-    def _stage_exhausted(self, study: optuna.Study, stage: Stage) -> bool:
-        why = exhausted(study, stage, MAX_PROPOSALS_PER_TRIAL) if self.config.study.reuse else ""
-        if why:
-            self.say(f"stage {stage.name}: {why}")
-        return bool(why)
-
-    def _measured(
-        self, study: optuna.Study, point: dict[str, Any], params: dict[str, Any]
-    ) -> optuna.trial.FrozenTrial | None:
-        """This stage's trial at ``point``, or an earlier stage's of the same configuration."""
-        return measured_point(study, point) or measured_config(
-            self._done_stages, params, self.canonical
-        )
-
-    def _reuse(
-        self, study: optuna.Study, trial: optuna.Trial, seen: optuna.trial.FrozenTrial, stage: Stage
-    ) -> None:
-        tell_reused(study, trial, seen, stage.name)
-        where = f"{seen.user_attrs.get(TrialAttr.STAGE, stage.name)} trial {seen.number}"
-        self.say(f"stage {stage.name}: trial {trial.number} repeats {where}: measurement reused")
-
-    def _seed_incumbent(self, study: optuna.Study, stage: Stage, incumbent: Incumbent) -> None:
-        defaults = self.canonical.defaults(incumbent.params)
-        if not seed_incumbent(study, stage, incumbent, self.config.server, defaults):
-            self.say(
-                f"stage {stage.name}: the incumbent runs vLLM's own default for some of "
-                f"{', '.join(stage.specs)} (not a point of this space); the sampler starts "
-                "without it"
-            )
-
-    def _say_best(self, study: optuna.Study, stage: Stage) -> None:
-        idx, sign = self.evaluator.select_index, self.evaluator.select_sign
-        if (best := stage_winner(search_trials(study), idx, sign)) is not None:
-            by = f"{self.evaluator.select_by} {best.values[idx]:.4g}"
-            self.say(f"stage {stage.name}: best so far trial {best.number}: {by} {best.params}")
 
     def _apply(self, decision: Decision, incumbent: Incumbent, stage: Stage) -> Incumbent:
         return after_decision(incumbent, decision, self.evaluator.select_index, stage.name)

@@ -1,15 +1,15 @@
 """A stage of a study: one parameter group searched against the incumbent.
 
 The plan (which groups, in which order, or all of them at once for the joint strategy), the
-incumbent that enters a stage, and what a finished study returns.
+incumbent that enters a stage, and what a finished study returns. A stage's trials, as the
+storage holds them, are read through :class:`tuner.study.stored_stage.StoredStage`.
 """
 
 from __future__ import annotations
 
-import itertools
 import json
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -17,12 +17,11 @@ import numpy as np
 import optuna
 from optuna.trial import TrialState
 
-from tuner.config import ParamSpec, ServerConfig, TunerConfig
+from tuner.config import ParamSpec, TunerConfig
 from tuner.schema import REFINE, Role, TrialAttr, TrialStatus
 from tuner.scoring.feasibility import Edge, edges, mean_constraints, meets, violation
 from tuner.search import space as search_space
 from tuner.study.acceptance import Decision
-from tuner.trial.outcome import NOT_LAUNCHED
 
 
 @dataclass
@@ -125,12 +124,6 @@ def spec_text(spec: ParamSpec) -> str:
     return f"[{spec.low}, {spec.high}]{' log' if spec.log else ''}"
 
 
-def search_trials(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
-    """The stage's completed search trials (reused measurements included)."""
-    done = study.get_trials(states=(TrialState.COMPLETE,))
-    return [t for t in done if t.user_attrs.get(TrialAttr.ROLE) == Role.SEARCH]
-
-
 def stage_winner(
     trials: Sequence[optuna.trial.FrozenTrial],
     select_index: int,
@@ -151,148 +144,14 @@ def stage_winner(
     return near if violation(near.constraints) < violation(incumbent.constraints) else None
 
 
-def launched_trials(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
-    """The search trials that started a server (a stage's budget counts these): not a reused
-    measurement, nor a candidate refused before its launch (tuner.study.prescreen)."""
-    return [
-        t
-        for t in search_trials(study)
-        if TrialAttr.REUSED_FROM not in t.user_attrs
-        and t.user_attrs.get(TrialAttr.FAILURE_REASON) not in NOT_LAUNCHED
-    ]
-
-
 def point_key(params: dict[str, Any]) -> str:
     """A point's identity among a stage's trials (its params, in any order)."""
     return repr(sorted(params.items()))
 
 
-def measured_point(study: optuna.Study, params: dict[str, Any]) -> optuna.trial.FrozenTrial | None:
-    """A completed trial of this stage (the incumbent seed included) at exactly ``params``."""
-    wanted = point_key(params)
-    done = study.get_trials(states=(TrialState.COMPLETE,))
-    return next((t for t in done if point_key(t.params) == wanted), None)
-
-
-def distinct_points(study: optuna.Study) -> int:
-    """How many different points of the stage's space have a measurement."""
-    return len({point_key(t.params) for t in study.get_trials(states=(TrialState.COMPLETE,))})
-
-
-def queue_unmeasured(study: optuna.Study, stage: Stage, launched: int) -> list[dict[str, Any]]:
-    """Queue every point of a finite stage space not measured nor being measured, once what is
-    left of the stage's budget covers them all (the points queued; [] otherwise).
-
-    Rather than trust the sampler there: TPE on a handful of points keeps proposing measured
-    ones and may never try the last (replayed in benchmarks/: a 1/2/4/8 TP stage that never ran
-    the only TP meeting the SLOs). Nothing is queued while the queue holds points already (the
-    prescreen's seeds go first)."""
-    if study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
-        return []
-    left = unmeasured_points(study, stage, stage.trials - launched)
-    for point in left:
-        study.enqueue_trial(point, skip_if_exists=True)
-    return left
-
-
-def unmeasured_points(study: optuna.Study, stage: Stage, limit: int) -> list[dict[str, Any]]:
-    """The points of a finite stage space not measured nor being measured, when there are at
-    most ``limit`` of them; [] otherwise (or for a space with a continuous range)."""
-    size = search_space.finite_size(stage.specs)
-    states = (TrialState.COMPLETE, TrialState.RUNNING)
-    trials = study.get_trials(deepcopy=False, states=states)
-    taken = {point_key(t.params) for t in trials if t.params}
-    if size is None or size - len(taken) > limit:  # checked before enumerating a large space
-        return []
-    values = search_space.grid(stage.specs)
-    combos = itertools.product(*values.values())
-    points = (dict(zip(values, combo, strict=True)) for combo in combos)
-    return [p for p in points if point_key(p) not in taken]
-
-
-def _config(params: dict[str, Any]) -> str:
-    return json.dumps(params, sort_keys=True, default=str)
-
-
-def measured_config(
-    studies: Iterable[optuna.Study],
-    params_all: dict[str, Any],
-    canonical: Callable[[dict[str, Any]], dict[str, Any]],
-) -> optuna.trial.FrozenTrial | None:
-    """A completed search trial of any of ``studies`` that ran exactly this configuration.
-
-    ``canonical`` completes explicit params with what is known to be the same (fixed args,
-    vLLM's defaults): {max_num_seqs: 16} is {max_num_seqs: 16, max_num_batched_tokens: 512}
-    when the fixed args set 512.
-    """
-    wanted = _config(canonical(params_all))
-    for study in studies:
-        for t in search_trials(study):
-            if _config(canonical(t.user_attrs.get(TrialAttr.PARAMS_ALL, {}))) == wanted:
-                return t
-    return None
-
-
 def jsonable(value: Any) -> Any:
     """``value`` as JSON gives it back (what Optuna stores in attrs)."""
     return json.loads(json.dumps(value, default=str))
-
-
-def seed_incumbent(
-    study: optuna.Study,
-    stage: Stage,
-    incumbent: Incumbent,
-    server: ServerConfig,
-    defaults: Mapping[str, Any] | None = None,
-) -> bool:
-    """Add the incumbent as a known first trial, so the sampler starts from the control.
-
-    Only when every param of the stage has a known value on the incumbent (``defaults``: what
-    the server runs for a flag left out, see tuner.study.canonical) that lies in the
-    stage's space (False otherwise): a trial with a partial point leaves Optuna's relative
-    samplers (GP, NSGA-II, multivariate TPE) no common search space, and they fall back to
-    random sampling for the whole stage (measured in the replays of benchmarks/).
-    """
-    if any(t.user_attrs.get(TrialAttr.ROLE) == Role.INCUMBENT for t in study.get_trials()):
-        return True
-    params = search_space.resolve(incumbent.params, stage.specs, server, defaults)
-    if params is None:
-        return False
-    study.add_trial(
-        optuna.trial.create_trial(
-            values=incumbent.values,
-            params=params,
-            distributions=search_space.distributions(stage.specs),
-            user_attrs={
-                TrialAttr.ROLE: Role.INCUMBENT.value,
-                TrialAttr.SOURCE: incumbent.source,
-                TrialAttr.PARAMS_ALL: jsonable(incumbent.params),
-            },
-            constraints=incumbent.constraints,
-        )
-    )
-    return True
-
-
-def tell_reused(
-    study: optuna.Study, trial: optuna.Trial, seen: optuna.trial.FrozenTrial, stage: str
-) -> None:
-    """Answer a repeated proposal with a stored measurement instead of a new launch.
-
-    Samplers re-propose points of small discrete spaces; a launch costs minutes and the
-    acceptance step re-measures the winner anyway (Optuna's FAQ: avoid evaluating the same
-    parameters twice). The stage's budget counts launches, so it explores as many points.
-    """
-    for key, value in seen.user_attrs.items():
-        if key != TrialAttr.SEEDED:  # who proposed the measured trial, not this one
-            trial.set_user_attr(key, value)
-    trial.set_user_attr(TrialAttr.ROLE, Role.SEARCH.value)
-    trial.set_user_attr(TrialAttr.STAGE, stage)
-    trial.set_user_attr(TrialAttr.REUSED_FROM, seen.number)
-    trial.set_user_attr(TrialAttr.REUSED_FROM_STAGE, seen.user_attrs.get(TrialAttr.STAGE, stage))
-    for key, value in seen.constraints.items():
-        trial.set_constraint(key, value)
-    study.tell(trial, list(seen.values))
 
 
 def after_decision(
@@ -321,31 +180,3 @@ def after_decision(
         list(decision.candidate_values),
         list(decision.candidate_constraint_windows),
     )
-
-
-def pareto_front(study: optuna.Study) -> list[dict[str, Any]]:
-    """The stage's Pareto-optimal trials, as the run's result lists them."""
-    return [
-        {
-            "trial": t.number,
-            "role": t.user_attrs.get(TrialAttr.ROLE),
-            "values": t.values,
-            "params": t.params,
-        }
-        for t in study.best_trials
-    ]
-
-
-def exhausted(study: optuna.Study, stage: Stage, max_proposals_per_trial: int) -> str:
-    """Why a stage that reuses measured points should stop short of its budget, or "".
-
-    Every point of a finite space is measured, or the sampler only re-proposes measured points:
-    reused proposals cost no launch, so the budget counts launches; this caps the proposals at
-    ``max_proposals_per_trial`` per trial of the budget.
-    """
-    size = search_space.finite_size(stage.specs)
-    if size is not None and distinct_points(study) >= size:
-        return f"all {size} points of its space are measured"
-    if len(search_trials(study)) >= max_proposals_per_trial * stage.trials:
-        return "the sampler keeps proposing measured points; done"
-    return ""
