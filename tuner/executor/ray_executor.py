@@ -46,7 +46,7 @@ CANCEL_GRACE_S = 30.0  # a cancelled trial stops its server and load first; then
 
 
 @dataclass
-class _Flight:
+class _RayTask:
     job: TrialJob
     group: Any  # the placement group holding its resources
 
@@ -85,16 +85,16 @@ class RayExecutor:
         # On the driver's node: a lost node must not take the progress lines of the others
         here = NodeAffinitySchedulingStrategy(self.ray.get_runtime_context().get_node_id(), True)
         self._queue: Any = Queue(actor_options={"num_cpus": 0, "scheduling_strategy": here})
-        self._flights: dict[Any, _Flight] = {}
+        self._tasks: dict[Any, _RayTask] = {}
         self._prefixes: dict[str, str] = {}
 
     # -- placement -------------------------------------------------------------------------
     @property
     def in_flight(self) -> int:
-        return len(self._flights)
+        return len(self._tasks)
 
     def _used(self) -> Demand:
-        demands = [f.job.demand for f in self._flights.values()]
+        demands = [f.job.demand for f in self._tasks.values()]
         return Demand(sum(d.gpus for d in demands), sum(d.cpus for d in demands))
 
     def sized(self, demand: Demand) -> Demand:
@@ -105,7 +105,7 @@ class RayExecutor:
         """A free slot and, over the alive nodes, free GPUs and cores for it. Ray decides the
         node; holding a trial that does not fit keeps smaller ones from taking every freed
         device before it (it would wait behind them for as long as they keep coming)."""
-        if len(self._flights) >= self.slots or self.cluster is None:
+        if len(self._tasks) >= self.slots or self.cluster is None:
             return False
         demand = self.sized(demand)
         used, total = self._used(), self.cluster.total()
@@ -128,14 +128,14 @@ class RayExecutor:
         ref = self._task.options(
             num_cpus=job.demand.cpus, num_gpus=job.demand.gpus, scheduling_strategy=strategy
         ).remote(job, self.trial_fn, self._queue)
-        self._flights[ref] = _Flight(job, group)
+        self._tasks[ref] = _RayTask(job, group)
         self._prefixes[job.key] = job.prefix
         self.say(f"{job.prefix} submitted to Ray: {job.demand.text()}")
 
     def wait(self) -> TrialResult:
         while True:
             self._relay_progress()
-            ready, _ = self.ray.wait(list(self._flights), num_returns=1, timeout=POLL_S)
+            ready, _ = self.ray.wait(list(self._tasks), num_returns=1, timeout=POLL_S)
             if ready:
                 result = self._land(ready[0])
                 self._relay_progress()
@@ -144,24 +144,24 @@ class RayExecutor:
     def _land(self, ref: Any) -> TrialResult:
         from ray.exceptions import RayError, RayTaskError, TaskCancelledError
 
-        flight = self._flights.pop(ref)
+        task = self._tasks.pop(ref)
         try:
             shipped: Shipped = self.ray.get(ref)
         except TaskCancelledError as exc:
-            return _lost(flight.job, f"the trial was cancelled ({type(exc).__name__})")
+            return _lost(task.job, f"the trial was cancelled ({type(exc).__name__})")
         except RayTaskError as exc:
             raise _cause(exc) from None  # the trial's own error, as on the local executor
         except RayError as exc:
-            return _lost(flight.job, _first_line(exc))
+            return _lost(task.job, _first_line(exc))
         finally:
-            self._release(flight)
-        return _unpack(flight.job, shipped)
+            self._release(task)
+        return _unpack(task.job, shipped)
 
-    def _release(self, flight: _Flight) -> None:
+    def _release(self, task: _RayTask) -> None:
         from ray.util.placement_group import remove_placement_group
 
         with contextlib.suppress(Exception):  # a group on a lost node is gone already
-            remove_placement_group(flight.group)
+            remove_placement_group(task.group)
 
     def _relay_progress(self) -> None:
         if self._queue is None:
@@ -178,7 +178,7 @@ class RayExecutor:
     def cancel_all(self) -> None:
         """Cancel every trial (an interrupt inside it: it stops its server and load), then
         kill what has not ended within CANCEL_GRACE_S (its node's guard reaps its processes)."""
-        refs = list(self._flights)
+        refs = list(self._tasks)
         for ref in refs:
             with contextlib.suppress(Exception):
                 self.ray.cancel(ref)
@@ -187,15 +187,15 @@ class RayExecutor:
             for ref in rest:
                 with contextlib.suppress(Exception):
                     self.ray.cancel(ref, force=True)
-        for flight in self._flights.values():
-            self._release(flight)
-        self._flights.clear()
+        for task in self._tasks.values():
+            self._release(task)
+        self._tasks.clear()
 
     def close(self) -> None:
         if self.cluster is None:
             return
         with contextlib.suppress(Exception):
-            if getattr(self, "_flights", None):
+            if getattr(self, "_tasks", None):
                 self.cancel_all()
             if getattr(self, "_queue", None) is not None:
                 self.ray.kill(self._queue.actor)
