@@ -17,11 +17,13 @@ Run standalone: ``python -m tuner.testing.sse_server --port 8123 --ttft 0.2 --it
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import socket
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -277,8 +279,16 @@ class FakeServer:
             self._count += 1
             return self._count
 
-    def running(self) -> _RunningGauge:
-        return _RunningGauge(self)
+    @contextlib.contextmanager
+    def running(self) -> Iterator[None]:
+        """Counts a stream in flight for /metrics while it runs."""
+        with self._lock:
+            self._running += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._running -= 1
 
     def metrics_text(self) -> str:
         return (
@@ -302,6 +312,13 @@ class FakeServer:
         self._thread.start()
         return self
 
+    def serve_forever(self) -> None:
+        """Serve in this thread until interrupted (the module run as a command)."""
+        try:
+            self._httpd.serve_forever()
+        finally:
+            self._httpd.server_close()
+
     def stop(self) -> None:
         self._httpd.shutdown()
         self._httpd.server_close()
@@ -313,21 +330,6 @@ class FakeServer:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
-
-
-class _RunningGauge:
-    """Counts streams in flight for /metrics."""
-
-    def __init__(self, fake: FakeServer) -> None:
-        self.fake = fake
-
-    def __enter__(self) -> None:
-        with self.fake._lock:
-            self.fake._running += 1
-
-    def __exit__(self, *exc: object) -> None:
-        with self.fake._lock:
-            self.fake._running -= 1
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -350,12 +352,8 @@ def main(argv: list[str] | None = None) -> None:
     )
     server = FakeServer(cfg, port=args.port)
     print(f"fake OpenAI server on {server.url}", flush=True)
-    try:
-        server._httpd.serve_forever()
-    except KeyboardInterrupt:
-        pass
-    finally:
-        server._httpd.server_close()
+    with contextlib.suppress(KeyboardInterrupt):
+        server.serve_forever()
 
 
 if __name__ == "__main__":
