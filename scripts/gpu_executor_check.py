@@ -33,7 +33,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # runnable from a bare checkout
 
 from tuner.config import TunerConfig  # noqa: E402
-from tuner.executor import Demand, TrialJob, TrialResult, make_executor  # noqa: E402
+from tuner.executor import Demand, JobResult, TrialJob, make_executor  # noqa: E402
 from tuner.executor.cluster import loopback_only  # noqa: E402
 from tuner.schema import TrialStatus  # noqa: E402
 from tuner.search.launch import LaunchSpec  # noqa: E402
@@ -116,7 +116,7 @@ def waves(gpus: int) -> list[list[int]]:
     return [sizes, [gpus if gpus & (gpus - 1) == 0 else max(sizes)]]
 
 
-def run(gpus: int, busy_s: float) -> list[TrialResult]:
+def run(gpus: int, busy_s: float) -> list[JobResult]:
     import functools
 
     config = TunerConfig()
@@ -124,7 +124,7 @@ def run(gpus: int, busy_s: float) -> list[TrialResult]:
     config.study.parallel, config.ray.cpus_per_trial = "auto", 1
     trial_fn = functools.partial(gpu_trial, busy_s=busy_s)
     executor = make_executor(config, trial_fn, lambda line: print(line, file=sys.stderr))
-    results: list[TrialResult] = []
+    results: list[JobResult] = []
     try:
         for n, tp in enumerate(t for wave in waves(gpus) for t in wave):
             launch = LaunchSpec(args={"tensor_parallel_size": tp})
@@ -146,7 +146,7 @@ def run(gpus: int, busy_s: float) -> list[TrialResult]:
     return results
 
 
-def check(result: TrialResult) -> dict[str, Any]:
+def check(result: JobResult) -> dict[str, Any]:
     d, o = result.devices, result.outcome
     detail = json.loads(o.message or "{}")
     saw = detail.get("cuda_saw", {})

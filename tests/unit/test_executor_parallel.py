@@ -15,7 +15,7 @@ import optuna
 import pytest
 
 from tuner.config import ParamSpec, SamplerConfig, TunerConfig
-from tuner.executor import REASON_EXECUTOR_LOST, Demand, TrialDevices, TrialJob, TrialResult
+from tuner.executor import REASON_EXECUTOR_LOST, Demand, JobResult, TrialDevices, TrialJob
 from tuner.measurement.stats import Measurements, MetricStats
 from tuner.paths import TrialPaths
 from tuner.schema import Role, TrialAttr, TrialStatus
@@ -92,14 +92,14 @@ class VirtualExecutor:
         end = self.now + 100.0 + 10.0 * job.demand.gpus
         heapq.heappush(self.running, (end, len(self.started), job))
 
-    def wait(self) -> TrialResult:
+    def wait(self) -> JobResult:
         self.waits += 1
         if self.waits == self.interrupt_at:
             raise KeyboardInterrupt
         end, n, job = heapq.heappop(self.running)
         self.now = end
         outcome = table_trial(job.config, job.launch, TrialPaths(job.folder), job.trial_id)
-        result = TrialResult(job.key, outcome, TrialDevices("virtual"))
+        result = JobResult(job.key, outcome, TrialDevices("virtual"))
         if n in self.lose:
             outcome.fail(REASON_EXECUTOR_LOST, "the node died")
             result.lost = "the node died"

@@ -13,11 +13,11 @@ from tuner.config import TunerConfig
 from tuner.errors import ConfigError
 from tuner.executor.protocol import (
     Demand,
+    JobResult,
     Say,
     TrialDevices,
     TrialFn,
     TrialJob,
-    TrialResult,
     register_executor,
 )
 from tuner.paths import TrialPaths
@@ -55,7 +55,7 @@ class LocalExecutor:
     def submit(self, job: TrialJob) -> None:
         self._queue.append(job)
 
-    def wait(self) -> TrialResult:
+    def wait(self) -> JobResult:
         job = self._queue[0]
         try:
             outcome = self.trial_fn(
@@ -73,7 +73,7 @@ class LocalExecutor:
             gpus_sampled=list(outcome.telemetry.gpu_devices),
             cpus=list(server) if server else [],
         )
-        return TrialResult(job.key, outcome, devices)
+        return JobResult(job.key, outcome, devices)
 
     def cancel_all(self) -> None:
         self._queue.clear()  # nothing runs between calls of wait()

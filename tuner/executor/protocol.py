@@ -3,7 +3,7 @@
 The driver asks its samplers, records every trial in the Optuna storage and tells the results;
 an executor only runs what it is given. ``submit`` hands it a :class:`TrialJob` (a launch, its
 config and the driver's trial folder); ``wait`` blocks until one of the jobs in flight is done
-and returns its :class:`TrialResult`: the outcome, the devices it ran on and the trial folder's
+and returns its :class:`JobResult`: the outcome, the devices it ran on and the trial folder's
 files, already written back into the driver's folder, so reports, exports and the dashboard
 read them locally whatever node the trial ran on. A job the executor lost (its node died, its
 worker was killed) comes back as a result too, marked ``lost``: the driver records it as failed
@@ -129,7 +129,7 @@ class TrialDevices:
 
 
 @dataclass
-class TrialResult:
+class JobResult:
     """A finished job: its outcome (paths in the driver's folder) and where it ran."""
 
     key: str
@@ -159,7 +159,7 @@ class Executor(Protocol):
 
     def submit(self, job: TrialJob) -> None: ...
 
-    def wait(self) -> TrialResult:
+    def wait(self) -> JobResult:
         """The next job to finish (blocks); raises what a trial raised (an interrupt, a
         TunerError) after every process of it is stopped."""
         ...

@@ -26,11 +26,11 @@ from tuner.executor.cluster_fit import resolve_slots, study_demands
 from tuner.executor.protocol import (
     REASON_EXECUTOR_LOST,
     Demand,
+    JobResult,
     Say,
     TrialDevices,
     TrialFn,
     TrialJob,
-    TrialResult,
     at_share,
     check_demands,
     node_share,
@@ -132,7 +132,7 @@ class RayExecutor:
         self._prefixes[job.key] = job.prefix
         self.say(f"{job.prefix} submitted to Ray: {job.demand.text()}")
 
-    def wait(self) -> TrialResult:
+    def wait(self) -> JobResult:
         while True:
             self._relay_progress()
             ready, _ = self.ray.wait(list(self._tasks), num_returns=1, timeout=POLL_S)
@@ -141,7 +141,7 @@ class RayExecutor:
                 self._relay_progress()
                 return result
 
-    def _land(self, ref: Any) -> TrialResult:
+    def _land(self, ref: Any) -> JobResult:
         from ray.exceptions import RayError, RayTaskError, TaskCancelledError
 
         task = self._tasks.pop(ref)
@@ -217,7 +217,7 @@ def _check_placement(config: TunerConfig) -> None:
             )
 
 
-def _unpack(job: TrialJob, shipped: Shipped) -> TrialResult:
+def _unpack(job: TrialJob, shipped: Shipped) -> JobResult:
     """Write the trial's files into the driver's folder and point its outcome there."""
     paths = TrialPaths(job.folder).ensure()
     for rel, data in shipped.files.items():
@@ -237,14 +237,14 @@ def _unpack(job: TrialJob, shipped: Shipped) -> TrialResult:
     return shipped.result
 
 
-def _lost(job: TrialJob, why: str) -> TrialResult:
+def _lost(job: TrialJob, why: str) -> JobResult:
     """A job whose node or worker was lost, as a failed outcome in the driver's folder."""
     paths = TrialPaths(job.folder).ensure()
     outcome = TrialOutcome(job.trial_id, TrialStatus.FAILED, [], job.launch)
     outcome.fail(REASON_EXECUTOR_LOST, f"the Ray executor lost the trial: {why}")
     outcome.folder = str(paths.root)
     outcome.write(paths.result_json)
-    return TrialResult(job.key, outcome, TrialDevices("ray"), lost=why)
+    return JobResult(job.key, outcome, TrialDevices("ray"), lost=why)
 
 
 def _cause(exc: Any) -> BaseException:

@@ -26,7 +26,7 @@ from typing import Any
 from tuner.config import PlacementConfig, TunerConfig
 from tuner.executor.cores import CoreLedger, TrialCores, rebind
 from tuner.executor.guard import SCRATCH_PREFIX, TRIAL_DIR_ENV
-from tuner.executor.protocol import TrialDevices, TrialFn, TrialJob, TrialResult
+from tuner.executor.protocol import JobResult, TrialDevices, TrialFn, TrialJob
 from tuner.host.placement import AUTO, OMP_BIND_ENV, Placement
 from tuner.paths import TrialPaths
 from tuner.search.launch import LaunchSpec
@@ -40,7 +40,7 @@ GUARD = str(Path(__file__).with_name("guard.py"))
 class Shipped:
     """A remote trial's result and its folder's files (relative path -> bytes)."""
 
-    result: TrialResult
+    result: JobResult
     files: dict[str, bytes] = field(default_factory=dict)
     left_behind: list[str] = field(default_factory=list)
 
@@ -83,7 +83,7 @@ def run_remote(job: TrialJob, trial_fn: TrialFn, queue: Any) -> Shipped:
             )
             devices.ended_at = time.time()
         devices.gpus_sampled = list(outcome.telemetry.gpu_devices)
-        shipped = Shipped(TrialResult(job.key, outcome, devices))
+        shipped = Shipped(JobResult(job.key, outcome, devices))
         _collect(paths.root, shipped)
         return shipped
     finally:

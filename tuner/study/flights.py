@@ -23,7 +23,7 @@ from optuna.trial import TrialState
 
 from tuner.config import TunerConfig
 from tuner.errors import StudyFailedError
-from tuner.executor import DEVICES_ATTR, Executor, TrialJob, TrialResult, demand_of
+from tuner.executor import DEVICES_ATTR, Executor, JobResult, TrialJob, demand_of
 from tuner.loadgen import client_capacity
 from tuner.paths import StudyPaths
 from tuner.schema import TrialAttr, TrialStatus
@@ -63,7 +63,7 @@ class Flight:
         return self.job.prefix
 
 
-Land = Callable[[Flight, TrialResult], Evaluated | None]  # None: the executor lost it
+Land = Callable[[Flight, JobResult], Evaluated | None]  # None: the executor lost it
 Tell = Callable[[optuna.Study, optuna.Trial, Evaluated], None]
 
 
@@ -121,7 +121,7 @@ class Flights:
         self.executor.submit(job)
         return flight
 
-    def next(self) -> tuple[Flight, TrialResult]:
+    def next(self) -> tuple[Flight, JobResult]:
         """The next trial to finish, with its result; whatever the wait raises stops every
         trial in flight first (:meth:`abandon`)."""
         try:
@@ -190,7 +190,7 @@ class Flights:
 
 
 def record_lost(
-    trial: optuna.Trial, want: Want, prefix: str, result: TrialResult, say: Callable[[str], None]
+    trial: optuna.Trial, want: Want, prefix: str, result: JobResult, say: Callable[[str], None]
 ) -> None:
     """A trial the executor lost: failed (Optuna's FAIL: no sampler learns from it, and the
     stage's budget does not count it), with the reason and where it ran."""

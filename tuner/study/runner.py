@@ -16,7 +16,7 @@ import optuna
 
 from tuner.config import TunerConfig
 from tuner.errors import StudyFailedError
-from tuner.executor import DEVICES_ATTR, Executor, TrialFn, TrialResult, make_executor
+from tuner.executor import DEVICES_ATTR, Executor, JobResult, TrialFn, make_executor
 from tuner.paths import StudyPaths
 from tuner.quality import check_config
 from tuner.schema import (
@@ -121,7 +121,8 @@ class StudyRunner:
     # -- the run -----------------------------------------------------------------------
     def _open_run(self) -> None:
         """The storage (checked against the objectives it was run with), the executor and
-        its flights: what measuring anything of this study needs first."""
+        its flights, and the tools every stage search uses: what measuring anything of this
+        study needs first."""
         self.paths.ensure()
         self.storage = open_storage(self.storage_url)
         check_resumed(self.storage, self.config.name, self.evaluator.names)
@@ -247,7 +248,7 @@ class StudyRunner:
         """Each want measured and told, side by side as far as the executor has slots."""
         return self.flights.measure(wants, self.land, self.tell, stop)
 
-    def land(self, flight: Flight, result: TrialResult) -> Evaluated | None:
+    def land(self, flight: Flight, result: JobResult) -> Evaluated | None:
         """A finished trial evaluated and recorded (not told); None when the executor lost it
         (recorded as failed: the caller measures again)."""
         want = flight.want

@@ -27,7 +27,7 @@ from optuna.trial import TrialState
 
 from tuner.config import ServerConfig
 from tuner.errors import StudyFailedError
-from tuner.executor import REASON_EXECUTOR_LOST, TrialResult, demand_of
+from tuner.executor import REASON_EXECUTOR_LOST, JobResult, demand_of
 from tuner.schema import Role, TrialAttr, TrialStatus
 from tuner.search import space as search_space
 from tuner.study.canonical import Canonical
@@ -222,7 +222,7 @@ class StageSearch:
         return {point_key(f.trial.params) for f in mine} | {point_key(p.point) for p in self.ready}
 
     # -- landing ---------------------------------------------------------------------------
-    def _landed(self, flight: Flight, result: TrialResult) -> None:
+    def _landed(self, flight: Flight, result: JobResult) -> None:
         evaluated = self.tools.land(flight, result)
         if evaluated is None:  # lost (recorded failed by land)
             self.lost += 1
@@ -267,7 +267,7 @@ class StageSearch:
             REASON_EXECUTOR_LOST,
             f"needs {demand.text()} on one node; the largest node left has {largest}",
         )
-        result = TrialResult("", outcome, lost="no node can hold it")
+        result = JobResult("", outcome, lost="no node can hold it")
         record_lost(trial, want, f"[{name} #{trial.number}]", result, self.tools.say)
         self.lost += 1
         self._check_lost()
