@@ -9,7 +9,8 @@
   benchmarks' own tests may reach inside, as tests/ does), and nothing edits ``sys.path``;
 - tests/ never imports benchmarks, benchmarks/ (its tests included) never imports tests, and
   tuner imports neither;
-- only public Optuna APIs are used.
+- only public Optuna APIs are used, and no module reaches into the private members of another
+  object of tuner's classes.
 """
 
 from __future__ import annotations
@@ -326,3 +327,53 @@ def test_no_two_modules_share_a_file_name() -> None:
             seen.setdefault(path.name, []).append(str(path.relative_to(ROOT)))
     shared = {name: paths for name, paths in seen.items() if len(paths) > 1}
     assert not shared, shared
+
+
+def _private_members(tree: ast.AST) -> set[str]:
+    """The private methods and attributes tuner's classes define (``_name``, not dunders)."""
+    names: set[str] = set()
+    for cls in (n for n in ast.walk(tree) if isinstance(n, ast.ClassDef)):
+        for node in ast.walk(cls):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                names.add(node.name)
+            elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store):
+                names.add(node.attr)
+    return {n for n in names if n.startswith("_") and not n.startswith("__")}
+
+
+def reached_privates(trees: dict[str, ast.AST]) -> list[str]:
+    """Where code reaches a private member of one of tuner's classes through anything but
+    ``self``, ``cls`` or ``super()``: another object's insides, which its class cannot change
+    without breaking the caller (a stage loop once drove the runner through eight of them)."""
+    private = set().union(*(_private_members(t) for t in trees.values()))
+    found = []
+    for where, tree in trees.items():
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.Attribute) or node.attr not in private:
+                continue
+            owner = node.value
+            if isinstance(owner, ast.Name) and owner.id in ("self", "cls"):
+                continue
+            if isinstance(owner, ast.Call) and getattr(owner.func, "id", "") == "super":
+                continue
+            found.append((where, node.lineno, ast.unparse(node)))
+    return [f"{where}:{line}: {text}" for where, line, text in sorted(found)]
+
+
+def test_no_module_reaches_into_another_objects_private_members() -> None:
+    trees = {
+        str(p.relative_to(ROOT)): ast.parse(p.read_text(encoding="utf-8"))
+        for p in sorted(PACKAGE.rglob("*.py"))
+    }
+    found = reached_privates(trees)
+    assert not found, "make these public, or move the code into the class:\n" + "\n".join(found)
+
+
+def test_the_private_check_sees_a_reach_across(tmp_path: Path) -> None:
+    code = (
+        "class Runner:\n    def _land(self):\n        self._n = 1\n"
+        "class Loop:\n    def run(self, host):\n        host._land()\n        self._own()\n"
+        "        super()._own()\n        return host._n\n"
+    )
+    found = reached_privates({"sample.py": ast.parse(code)})
+    assert found == ["sample.py:6: host._land", "sample.py:9: host._n"], found
