@@ -71,6 +71,22 @@ class Evaluated:
         attrs.update(quality_attrs(o.quality))
         return attrs
 
+    def record(
+        self,
+        trial: optuna.Trial,
+        stage: str,
+        role: str,
+        params: dict[str, Any],
+        launch: LaunchSpec,
+        extra: dict[str, Any] | None = None,
+    ) -> None:
+        """Keep the evaluation on ``trial`` before it is told: its user attrs (with
+        ``extra``) and its constraints, in Optuna's convention (<= 0 is met)."""
+        for key, value in {**self.user_attrs(stage, role, params, launch), **(extra or {})}.items():
+            trial.set_user_attr(key, value)
+        for key, value in self.constraints.items():
+            trial.set_constraint(key, value)
+
 
 def _plain(value: Any) -> Any:
     return value if isinstance(value, str | int | float | bool) or value is None else str(value)

@@ -158,10 +158,7 @@ class Prescreen:
         outcome.fail(reason, message)
         outcome.timings = {"prescreen": round(time.monotonic() - started, 4)}
         result = self.evaluator.evaluate(outcome, params)
-        for key, value in result.user_attrs(stage.name, Role.SEARCH, params, launch).items():
-            trial.set_user_attr(key, value)
-        for key, value in result.constraints.items():
-            trial.set_constraint(key, value)
+        result.record(trial, stage.name, Role.SEARCH, params, launch)
         stored.study.tell(trial, result.values)
         self.say(f"stage {stage.name}: trial {trial.number} not launched ({reason}): {message}")
         return True

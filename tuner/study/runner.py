@@ -30,7 +30,6 @@ from tuner.schema import (
     stage_study,
 )
 from tuner.search.samplers import make_sampler
-from tuner.server import LaunchSpec
 from tuner.study.acceptance import Decision
 from tuner.study.budget import BudgetHook, LaunchBudget, modelled_extra, planned_launches
 from tuner.study.canonical import Canonical
@@ -263,25 +262,11 @@ class StudyRunner:
         self.on_launch(self.launches)
         self.quality.score(result.outcome, want.label, want.role, flight.prefix)
         evaluated = self.evaluator.evaluate(result.outcome, want.params)
-        self._record(flight.trial, evaluated, want.params, want.label, want.role, flight.launch)
+        quality = self.quality.attrs(want.role)
+        evaluated.record(flight.trial, want.label, want.role, want.params, flight.launch, quality)
         if self.flights.parallel:
             flight.trial.set_user_attr(DEVICES_ATTR, result.devices.to_attr())
         return evaluated
-
-    def _record(
-        self,
-        trial: optuna.Trial,
-        result: Evaluated,
-        params: dict[str, Any],
-        stage: str,
-        role: str,
-        launch: LaunchSpec,
-    ) -> None:
-        attrs = {**result.user_attrs(stage, role, params, launch), **self.quality.attrs(role)}
-        for key, value in attrs.items():
-            trial.set_user_attr(key, value)
-        for key, value in result.constraints.items():
-            trial.set_constraint(key, value)
 
     def tell(self, study: optuna.Study, trial: optuna.Trial, result: Evaluated) -> None:
         # A failed server is told as an infeasible COMPLETE trial (with sentinel values and a
