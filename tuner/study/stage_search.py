@@ -58,6 +58,7 @@ class SearchTools:
 
     @property
     def specs(self) -> dict[str, Any]:
+        """Every stage's param specs: how any of the study's params launch."""
         return self.flights.specs
 
 
