@@ -62,9 +62,13 @@ def start_tuner(args: list[str]) -> subprocess.Popen[str]:
 
 
 def load_studies(url: str) -> dict[str, optuna.Study]:
+    """Every study at ``url``, through one storage: a URL handed to each load_study opens an
+    engine, and a pool of connections, per study, which PostgreSQL counts until the test
+    process ends (a worker of the suite once ran out of its 100)."""
+    storage = optuna.storages.RDBStorage(url)
     return {
-        s.study_name: optuna.load_study(study_name=s.study_name, storage=url)
-        for s in optuna.get_all_study_summaries(url)
+        s.study_name: optuna.load_study(study_name=s.study_name, storage=storage)
+        for s in optuna.get_all_study_summaries(storage)
     }
 
 

@@ -311,14 +311,15 @@ def stored_trials(url: str, name: str | None = None, marker: str = "") -> list[S
     """Every trial of the storage's studies, as plain comparable values; on a shared database,
     only those of study ``name`` and the baselines whose fingerprint mentions ``marker``."""
     out = []
-    for summary in optuna.get_all_study_summaries(url, include_best_trial=False):
+    storage = optuna.storages.RDBStorage(url)  # one engine, not one per study (tests/e2e/conftest)
+    for summary in optuna.get_all_study_summaries(storage, include_best_trial=False):
         ours = summary.study_name.startswith(f"{name}:") or (
             summary.study_name.startswith("baseline:")
             and marker in json.dumps(summary.user_attrs, default=str)
         )
         if name is not None and not ours:
             continue
-        study = optuna.load_study(study_name=summary.study_name, storage=url)
+        study = optuna.load_study(study_name=summary.study_name, storage=storage)
         for t in study.trials:
             out.append(
                 StoredTrial(
