@@ -27,6 +27,7 @@ import pytest
 import yaml
 
 from tests.conftest import ROOT, TINY_MODEL, leftover_processes
+from tests.e2e.conftest import load_studies
 from tuner.schema import TrialAttr
 
 pytestmark = pytest.mark.e2e
@@ -144,10 +145,8 @@ def _simulated_hosts() -> list[str]:
 
 
 def _search_trials(storage: str) -> list[optuna.trial.FrozenTrial]:
-    trials = []
-    for summary in optuna.get_all_study_summaries(storage):
-        trials += optuna.load_study(study_name=summary.study_name, storage=storage).trials
-    return [t for t in trials if TrialAttr.STATUS in t.user_attrs]
+    studies = load_studies(storage).values()
+    return [t for study in studies for t in study.trials if TrialAttr.STATUS in t.user_attrs]
 
 
 def _no_gpu_shared_at_once(trials: list[optuna.trial.FrozenTrial]) -> None:

@@ -14,6 +14,7 @@ import optuna
 import pytest
 
 from tests.conftest import ONE_ENGINE_PROCESS, ROOT
+from tests.e2e.conftest import load_studies
 from tuner.schema import StudyAttr, TrialAttr
 from tuner.study.acceptance import Decision
 
@@ -62,14 +63,14 @@ def test_a_memory_stage_judges_prefix_caching_on_its_ttft(tmp_path: Path) -> Non
     # every launch of the study (the baseline's study, the stage's), told apart by the flag
     # vLLM was started with
     by_caching: dict[bool, list[optuna.trial.FrozenTrial]] = {True: [], False: []}
-    for summary in optuna.get_all_study_summaries(storage):
-        study = optuna.load_study(study_name=summary.study_name, storage=storage)
+    studies = load_studies(storage)
+    for study in studies.values():
         for t in study.trials:
             command = str(t.user_attrs.get("vllm_command", ""))
             if "m_ttft_p99_s" in t.user_attrs and TrialAttr.FOLDER in t.user_attrs and command:
                 by_caching["--no-enable-prefix-caching" not in command].append(t)
     assert by_caching[True] and by_caching[False], {k: len(v) for k, v in by_caching.items()}
-    stage = optuna.load_study(study_name="prefix:memory", storage=storage)
+    stage = studies["prefix:memory"]
     hit = {on: [_hit_rate(t) for t in trials] for on, trials in by_caching.items()}
     assert min(hit[True]) >= 0.5, hit
     assert max(hit[False]) < 0.05, hit
