@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,7 @@ from tuner.config import ServerConfig
 from tuner.errors import ConfigError, PreflightError
 from tuner.server import backend
 from tuner.server.vllm import VllmServer, log_tail
+from tuner.simulation.noise import NOISE_CV_ENV
 
 NVML_MODULE_ENV = "TUNER_NVML_MODULE"
 SIMULATED_NVML = "tuner.simulation.fake_nvml"
@@ -34,14 +36,31 @@ STAMP = (
 )
 
 
+def noise_cv(env: Mapping[str, Any]) -> str:
+    """The host's launch-to-launch noise CV as it is printed ("" without noise). A value that
+    is not a number is printed as given: the host refuses it at start-up, and a review of the
+    study still says what was asked for rather than failing on it."""
+    raw = str(env.get(NOISE_CV_ENV) or "0").strip()
+    try:
+        return f"{float(raw):g}" if float(raw) != 0 else ""
+    except ValueError:
+        return raw
+
+
 def stamp(fingerprint: dict[str, Any]) -> str | None:
     """The line that heads every review of a study whose fingerprint names simulated GPUs,
-    with the factor its serving time was stretched by, if any."""
+    with the factor its serving time was stretched by and the noise of its launches, if any."""
     gpus = (fingerprint.get("hardware") or {}).get("gpus") or []
     if not (isinstance(gpus, list) and any(SIMULATED in str(g) for g in gpus)):
         return None
-    scale = float((fingerprint.get("fixed_env") or {}).get(TIME_SCALE_ENV) or 1)
-    return STAMP + (f"; serving time stretched x{scale:g}" if scale != 1 else "")
+    env = fingerprint.get("fixed_env") or {}
+    scale = float(env.get(TIME_SCALE_ENV) or 1)
+    cv = noise_cv(env)
+    return (
+        STAMP
+        + (f"; serving time stretched x{scale:g}" if scale != 1 else "")
+        + (f"; serving delays noised per launch, CV {cv}" if cv else "")
+    )
 
 
 def system_of(config: ServerConfig) -> str:
@@ -84,7 +103,9 @@ class SimulatedGpuServer(VllmServer):
         info = super()._info()
         scale = float(self.config.env.get(TIME_SCALE_ENV) or 1)
         stretched = f" x{scale:g}" if scale != 1 else ""
-        info.version = f"{SIMULATED}-{system_of(self.config)}{stretched} ({info.version})"
+        cv = noise_cv(self.config.env)
+        noisy = f" noise CV {cv}" if cv else ""
+        info.version = f"{SIMULATED}-{system_of(self.config)}{stretched}{noisy} ({info.version})"
         modelled = GPU_STARTUP_RE.findall(log_tail(self.log_path, lines=200))
         info.gpu_startup_s = float(modelled[-1]) if modelled else None
         return info

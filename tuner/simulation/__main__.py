@@ -5,19 +5,24 @@ devices from ``CUDA_VISIBLE_DEVICES``; it fails at start-up where vLLM would (mo
 sees, weights or KV cache that do not fit), with the log lines vLLM writes, so tuner classifies
 the failure as it would a real one. ``TUNER_SIM_TIME_SCALE`` stretches every modelled delay of
 serving and ``TUNER_SIM_STARTUP_SCALE`` shrinks the modelled start-up; both are printed in the
-first line, which also says that this is a simulation and not a measurement.
+first line, which also says that this is a simulation and not a measurement. A non-zero
+``TUNER_SIM_NOISE_CV`` draws this launch's slowdown (:mod:`~tuner.simulation.noise`), and the
+line says the CV and the factor drawn. A setting that is not a number it can use stops the host
+at once with one line naming it.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from tuner.simulation import fake_nvml
+from tuner.simulation import fake_nvml, noise
 
 TIME_SCALE_ENV = "TUNER_SIM_TIME_SCALE"
 STARTUP_SCALE_ENV = "TUNER_SIM_STARTUP_SCALE"
@@ -68,6 +73,33 @@ def token_counter(values: dict[str, Any]) -> Callable[[str], int]:
     return lambda text: max(len(text.split()), 1)
 
 
+def setting(name: str, default: str, usable: Callable[[float], bool], meaning: str) -> float:
+    """The number in environment variable ``name``; one line and exit 1 where it is not a
+    finite number or not ``usable``: the line tuner reports as the failure's cause, and a
+    "ValueError:" that it classifies as an invalid argument, as it would vLLM's."""
+    raw = os.environ.get(name, default)
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and usable(value)):
+        say(f"ValueError: {name}={raw!r} is not {meaning}")
+        sys.exit(1)
+    return value
+
+
+def settings() -> tuple[float, float, float]:
+    """The host's own settings, checked before anything is printed or estimated: its time
+    scale, its start-up scale and its noise CV."""
+    scale = "a factor of 0 or more"
+    cv = "a CV from 0 (no noise) up to, not including, 1"
+    return (
+        setting(TIME_SCALE_ENV, "1", lambda v: v >= 0, scale),
+        setting(STARTUP_SCALE_ENV, "1", lambda v: v >= 0, scale),
+        setting(noise.NOISE_CV_ENV, "0", noise.valid_cv, cv),
+    )
+
+
 def fail(lines: list[str]) -> None:
     for line in lines:
         say(line)
@@ -77,12 +109,12 @@ def fail(lines: list[str]) -> None:
 
 def main(argv: list[str]) -> None:
     system = fake_nvml.system()
-    time_scale = float(os.environ.get(TIME_SCALE_ENV, "1"))
-    startup_scale = float(os.environ.get(STARTUP_SCALE_ENV, "1"))
+    time_scale, startup_scale, cv = settings()
+    factor = noise.launch_factor(cv)
     devices = visible_devices()
     say(
         f"{BANNER}: system {system}, {len(devices)} GPUs visible, time scale {time_scale:g}, "
-        f"start-up scale {startup_scale:g}"
+        f"start-up scale {startup_scale:g}" + noisy(cv, factor)
     )
     values = parse(argv)
     from tuner.simulation.physics import CannotEstimate, DoesNotFit, Launch, estimate
@@ -96,7 +128,7 @@ def main(argv: list[str]) -> None:
             ]
         )
     try:
-        physics = estimate(system, launch)
+        physics = replace(estimate(system, launch), launch_factor=factor)
     except DoesNotFit as exc:
         fail([f"ValueError: No available memory for the cache blocks (simulated: {exc})"])
         return
@@ -118,6 +150,12 @@ def main(argv: list[str]) -> None:
     say(f"GPU KV cache size: {physics.kv_tokens:,} tokens")
     say(f"Maximum concurrency for {length:,} tokens per request: {physics.kv_tokens / length:.2f}x")
     serve(physics, values, devices, time_scale)
+
+
+def noisy(cv: float, factor: float) -> str:
+    """The first line's words for this launch's noise; none without noise, so that a noiseless
+    host's log reads as it always did."""
+    return f", noise CV {cv:g} (this launch's serving delays x{factor:.4f})" if cv else ""
 
 
 def serve(physics: Any, values: dict[str, Any], devices: list[int], time_scale: float) -> None:

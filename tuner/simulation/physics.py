@@ -86,14 +86,20 @@ class Physics:
     prefill_token_s: float  # and per prompt token
     batches: tuple[int, ...]
     tpot_s: tuple[float, ...]  # one decode step at each running batch
+    # This launch's slowdown (tuner.simulation.noise): real GPUs differ from launch to launch.
+    # Exactly 1 leaves every duration as estimated, bit for bit.
+    launch_factor: float = 1.0
 
     def step_s(self, running: int) -> float:
         """One decode step of ``running`` sequences."""
-        return float(np.interp(max(running, 1), self.batches, self.tpot_s))
+        step = float(np.interp(max(running, 1), self.batches, self.tpot_s))
+        return step * self.launch_factor
 
     def prefill_s(self, tokens: int) -> float:
         """Prefill of ``tokens`` prompt tokens in one step (none: nothing)."""
-        return self.prefill_overhead_s + tokens * self.prefill_token_s if tokens > 0 else 0.0
+        if tokens <= 0:
+            return 0.0
+        return (self.prefill_overhead_s + tokens * self.prefill_token_s) * self.launch_factor
 
     @property
     def startup_s(self) -> float:
