@@ -8,12 +8,18 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pandas as pd
+import psutil
 import pytest
 
 from tests.conftest import ROOT, leftover_processes
+from tuner.composition import compose
+from tuner.server import LaunchSpec, make_backend
+from tuner.server.backend import REASON_INVALID_ARGUMENT
+from tuner.server.vllm import classify_failure, root_cause
 
 pytestmark = [pytest.mark.integration, pytest.mark.shares_host]
 
@@ -84,3 +90,61 @@ def test_more_gpus_than_it_was_given_is_refused(tmp_path: Path) -> None:
     )
     assert code != 0 and result["status"] == "failed", out[-2000:]
     assert "exceeds the 1 GPUs this server was given" in result["log_tail"]
+
+
+def test_a_noisy_host_says_its_noise_in_its_first_line_and_its_version(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Started and stopped by the simulated backend as a trial does, without Locust's load."""
+    monkeypatch.setenv("TUNER_SIM_STATE_DIR", str(tmp_path / "gpus"))
+    config = compose(
+        [
+            *BASE,
+            f"studies_dir={tmp_path}",
+            "server.model=meta-llama/Meta-Llama-3.1-8B",
+            "server.cuda_visible_devices=0",
+            "server.env.TUNER_SIM_STARTUP_SCALE=0",
+            "server.env.TUNER_SIM_NOISE_CV=0.2",
+        ]
+    )
+    log = tmp_path / "server.log"
+    with make_backend(config.server, LaunchSpec(), log) as server:
+        info = server.wait_ready(time.monotonic() + 120)
+    assert str(info.version).startswith("simulated-h100_sxm noise CV 0.2 ("), info.version
+    first = log.read_text().splitlines()[1]  # after the command line tuner writes
+    assert first.startswith("SIMULATED GPU HOST") and ", noise CV 0.2 (" in first, first
+    assert "this launch's serving delays x" in first
+    assert not psutil.pid_exists(info.pid), "the host outlived its stop"
+
+
+CV = "a CV from 0 (no noise) up to, not including, 1"
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "meaning"),
+    [
+        ("TUNER_SIM_NOISE_CV", "abc", CV),
+        ("TUNER_SIM_NOISE_CV", "-0.1", CV),
+        ("TUNER_SIM_NOISE_CV", "1", CV),
+        ("TUNER_SIM_NOISE_CV", "nan", CV),
+        ("TUNER_SIM_TIME_SCALE", "fast", "a factor of 0 or more"),  # its other settings alike
+    ],
+)
+def test_a_bad_setting_stops_the_host_at_start_up_with_one_line(
+    name: str, value: str, meaning: str
+) -> None:
+    env = {**os.environ, name: value, "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "tuner.simulation", "--model", "meta-llama/Meta-Llama-3.1-8B"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 1
+    assert out.splitlines() == [f"ValueError: {name}={value!r} is not {meaning}"]
+    # what tuner makes of the log of a server that exits so: a bad argument, this line its cause
+    assert classify_failure(out) == REASON_INVALID_ARGUMENT
+    assert root_cause(out) == out.strip()

@@ -5,12 +5,16 @@ and what does not fit waits."""
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
 import pytest
 
+from tuner.server.simulated import noise_cv, stamp
 from tuner.simulation import fake_nvml
 from tuner.simulation.engine import Engine, Sequence
+from tuner.simulation.noise import launch_factor, valid_cv
 from tuner.simulation.physics import Launch, Physics, batch_grid
 
 
@@ -22,7 +26,7 @@ def physics(max_num_seqs: int = 4, budget: int = 8192, kv_tokens: int = 100_000)
 
 def run(engine: Engine, until_idle: int = 10_000) -> dict[int, list[float]]:
     """Token times of every sequence, stepping the engine on its own clock."""
-    now, times = 0.0, {}
+    now, times = 0.0, dict[int, list[float]]()
     for _ in range(until_idle):
         if engine.idle:
             break
@@ -156,3 +160,46 @@ def test_the_decode_step_follows_aiconfigurator_alone_not_its_queueing() -> None
             engine.add(Sequence(rid, 1024, 128, now))
     tpot_ms = 1000 * sum(gaps) / len(gaps)
     assert reference.tpot_ms / 1.5 < tpot_ms < reference.tpot_ms * 1.5
+
+
+def test_without_noise_every_launch_serves_at_the_modelled_speed() -> None:
+    assert launch_factor(0.0) == 1.0
+    assert replace(physics(), launch_factor=launch_factor(0.0)) == physics()
+
+
+def test_launches_draw_mean_one_factors_of_the_asked_spread() -> None:
+    draws = np.array([launch_factor(0.05, np.random.default_rng(seed)) for seed in range(4000)])
+    assert draws.mean() == pytest.approx(1.0, abs=0.005)  # noise, not a bias
+    assert draws.std() == pytest.approx(0.05, rel=0.1)
+    assert draws.min() > 0  # a slowdown or speed-up, never a negative duration
+
+
+def test_every_launch_draws_its_own_factor() -> None:
+    """The default generator is seeded from the OS: two launches are two draws."""
+    assert len({launch_factor(0.05) for _ in range(20)}) == 20
+
+
+def test_a_launch_factor_scales_every_step_the_engine_takes() -> None:
+    def durations(factor: float) -> list[float]:
+        engine = Engine(replace(physics(budget=512), launch_factor=factor))
+        for rid in range(3):
+            engine.add(Sequence(rid, prompt_tokens=700, max_tokens=6, arrived_at=0.0))
+        return [engine.step(0.0).duration_s for _ in range(8)]
+
+    plain, slow = durations(1.0), durations(1.07)
+    assert any(d > 0 for d in plain)  # the prefill steps and the decode steps
+    assert slow == pytest.approx([1.07 * d for d in plain], rel=1e-12)
+
+
+def test_the_noise_cv_must_be_below_one_and_not_negative() -> None:
+    assert valid_cv(0.0) and valid_cv(0.05) and valid_cv(0.99)
+    assert not valid_cv(-0.01) and not valid_cv(1.0)
+
+
+def test_a_noisy_rehearsal_says_so_in_its_simulated_line() -> None:
+    hardware = {"gpus": ["NVIDIA H100 80GB HBM3 (simulated)"]}
+    plain = stamp({"hardware": hardware, "fixed_env": {"TUNER_SIM_NOISE_CV": "0"}})
+    noisy = stamp({"hardware": hardware, "fixed_env": {"TUNER_SIM_NOISE_CV": "0.050"}})
+    assert plain is not None and "noise" not in plain
+    assert noisy == plain + "; serving delays noised per launch, CV 0.05"
+    assert noise_cv({}) == "" and noise_cv({"TUNER_SIM_NOISE_CV": "x"}) == "x"
