@@ -14,7 +14,7 @@ import pytest
 from tuner.server.simulated import noise_cv, stamp
 from tuner.simulation import fake_nvml
 from tuner.simulation.engine import Engine, Sequence
-from tuner.simulation.noise import launch_factor, valid_cv
+from tuner.simulation.launch_noise import launch_factor, valid_cv
 from tuner.simulation.physics import Launch, Physics, batch_grid
 
 

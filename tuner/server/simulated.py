@@ -20,13 +20,13 @@ from tuner.config import ServerConfig
 from tuner.errors import ConfigError, PreflightError
 from tuner.server import backend
 from tuner.server.vllm import VllmServer, log_tail
-from tuner.simulation.noise import NOISE_CV_ENV
 
 NVML_MODULE_ENV = "TUNER_NVML_MODULE"
 SIMULATED_NVML = "tuner.simulation.fake_nvml"
 SYSTEM_ENV = "TUNER_SIM_SYSTEM"
 COUNT_ENV = "TUNER_SIM_GPUS"
 TIME_SCALE_ENV = "TUNER_SIM_TIME_SCALE"  # tuner.simulation.__main__ reads it
+NOISE_CV_ENV = "TUNER_SIM_NOISE_CV"  # tuner.simulation.launch_noise reads it
 # The simulated host's line "simulated start-up: 37 s on the GPUs ..." (tuner.simulation)
 GPU_STARTUP_RE = re.compile(r"simulated start-up: ([\d.]+) s on the GPUs")
 SIMULATED = "simulated"  # the word a simulated host's version and GPU names carry

@@ -6,7 +6,8 @@ sees, weights or KV cache that do not fit), with the log lines vLLM writes, so t
 the failure as it would a real one. ``TUNER_SIM_TIME_SCALE`` stretches every modelled delay of
 serving and ``TUNER_SIM_STARTUP_SCALE`` shrinks the modelled start-up; both are printed in the
 first line, which also says that this is a simulation and not a measurement. A non-zero
-``TUNER_SIM_NOISE_CV`` draws this launch's slowdown (:mod:`~tuner.simulation.noise`), and the
+``TUNER_SIM_NOISE_CV`` draws this launch's slowdown (:mod:`~tuner.simulation.launch_noise`), and
+the
 line says the CV and the factor drawn. A setting that is not a number it can use stops the host
 at once with one line naming it.
 """
@@ -22,7 +23,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from tuner.simulation import fake_nvml, noise
+from tuner.simulation import fake_nvml, launch_noise
 
 TIME_SCALE_ENV = "TUNER_SIM_TIME_SCALE"
 STARTUP_SCALE_ENV = "TUNER_SIM_STARTUP_SCALE"
@@ -96,7 +97,7 @@ def settings() -> tuple[float, float, float]:
     return (
         setting(TIME_SCALE_ENV, "1", lambda v: v >= 0, scale),
         setting(STARTUP_SCALE_ENV, "1", lambda v: v >= 0, scale),
-        setting(noise.NOISE_CV_ENV, "0", noise.valid_cv, cv),
+        setting(launch_noise.NOISE_CV_ENV, "0", launch_noise.valid_cv, cv),
     )
 
 
@@ -110,7 +111,7 @@ def fail(lines: list[str]) -> None:
 def main(argv: list[str]) -> None:
     system = fake_nvml.system()
     time_scale, startup_scale, cv = settings()
-    factor = noise.launch_factor(cv)
+    factor = launch_noise.launch_factor(cv)
     devices = visible_devices()
     say(
         f"{BANNER}: system {system}, {len(devices)} GPUs visible, time scale {time_scale:g}, "

@@ -86,7 +86,7 @@ class Physics:
     prefill_token_s: float  # and per prompt token
     batches: tuple[int, ...]
     tpot_s: tuple[float, ...]  # one decode step at each running batch
-    # This launch's slowdown (tuner.simulation.noise): real GPUs differ from launch to launch.
+    # This launch's slowdown (tuner.simulation.launch_noise): real GPUs differ launch to launch.
     # Exactly 1 leaves every duration as estimated, bit for bit.
     launch_factor: float = 1.0
 
