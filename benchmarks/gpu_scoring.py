@@ -31,28 +31,39 @@ class GpuReference:
     hv_grid: float
 
 
-def median_slo(land: GpuLandscape) -> GpuSlo:
-    """The median P99 TTFT and P99 TPOT over the configurations that start, each off the line."""
+def percentile_slo(land: GpuLandscape, level: float) -> GpuSlo:
+    """The P99 TTFT and P99 TPOT SLOs each at the ``level``-th percentile of the configurations
+    that start (numpy's linear interpolation), each off the line: a low level leaves few
+    configurations feasible, a high one many, so one landscape asks several questions."""
     ok = [land.true(k) for k in land.grid_keys() if land.true(k).ok]
     ttft = [m.p99_ttft_s for m in ok if m.p99_ttft_s is not None]
     tpot = [m.p99_tpot_s for m in ok if m.p99_tpot_s is not None]
-    return GpuSlo(off_the_line(ttft), off_the_line(tpot))
+    return GpuSlo(off_the_line(ttft, level), off_the_line(tpot, level))
 
 
-def off_the_line(values: Sequence[float]) -> float:
-    """The median, moved half-way to the next larger value where configurations sit on it.
+def median_slo(land: GpuLandscape) -> GpuSlo:
+    """The median P99 TTFT and P99 TPOT over the configurations that start, each off the line."""
+    return percentile_slo(land, 50.0)
 
-    The median of an odd count, or of a tied middle, is some configurations' own P99: each noisy
-    reading of them is then a coin flip on the SLO, which no real SLO is drawn to be. Moving up
-    to half the gap keeps the true landscape as it was (nothing lies in between, so the same
-    configurations meet the SLO) and gives those at the median half the gap as their margin.
+
+def off_the_line(values: Sequence[float], level: float = 50.0) -> float:
+    """The ``level``-th percentile (the median by default), moved half-way to the next larger
+    value where configurations sit on it.
+
+    A percentile that falls on a value (the median of an odd count, a tied middle) is some
+    configurations' own P99: each noisy reading of them is then a coin flip on the SLO, which
+    no real SLO is drawn to be. Moving up to half the gap keeps the true landscape as it was
+    (nothing lies in between, so the same configurations meet the SLO) and gives those on the
+    line half the gap as their margin.
     """
     v = np.sort(np.asarray(values, dtype=float))
-    median = float(np.median(v))
-    if not np.any(np.isclose(v, median, rtol=1e-9, atol=0.0)):
-        return median
-    above = v[v > median * (1 + 1e-9)]
-    return (median + float(above[0])) / 2 if above.size else median
+    # np.median at 50: bit for bit the SLO of the replays published before the levels
+    # (percentile's interpolation may differ from the middles' mean in the last bit).
+    line = float(np.median(v)) if level == 50.0 else float(np.percentile(v, level))
+    if not np.any(np.isclose(v, line, rtol=1e-9, atol=0.0)):
+        return line
+    above = v[v > line * (1 + 1e-9)]
+    return (line + float(above[0])) / 2 if above.size else line
 
 
 def reference(land: GpuLandscape, slo: GpuSlo) -> GpuReference:
