@@ -8,29 +8,36 @@ multiplicative noise at each ``--cv``. The objective is output tok/s per GPU
 over the configurations that start (vLLM's defaults then miss one of them, see the summary).
 
 Arms, side by side on the same seeds: vLLM's defaults alone; the grid in vLLM auto_tune's nested
-order; random search (the grid in a random order, the best observed launch handed over);
-tuner staged in the default stage order (conf/study/llama70b_8xh200.yaml's) and in the other
-orders of ``--orders``; tuner joint. Tuner arms are a real :class:`tuner.StudyRunner` (3 baseline
-launches, 2 interleaved confirmation repeats, the acceptance rule) whose trial function looks
-the launch up (tuner.testing.lookup). Scored as benchmarks.scoring does, per GPU
-(benchmarks.gpu_scoring).
+order; random search (``random``: the grid in a random order, the best observed launch handed
+over, unconfirmed); tuner staged in the default stage order (conf/study/llama70b_8xh200.yaml's)
+and in the other orders of ``--orders``; tuner joint (``joint_tpe_<n>``); and confirmed random
+search (``joint_random_<n>``: random samples over every group at once, at joint TPE's budget,
+under the same confirmation and acceptance rule). Those arms are a real
+:class:`tuner.StudyRunner` (3 baseline launches, 2 interleaved confirmation repeats, the
+acceptance rule) whose trial function looks the launch up (tuner.testing.lookup). Scored as
+benchmarks.scoring does, per GPU (benchmarks.gpu_scoring).
 
     .venv/bin/python -m benchmarks.gpu_replay --landscape llama8b_h100
     .venv/bin/python -m benchmarks.gpu_replay --landscape llama70b_h200_1k1k --staged-trials 4
+    .venv/bin/python -m benchmarks.gpu_replay --landscape llama8b_h100 --slo-levels 25,50,75
 
 writes ``summary.md``, ``landscape.md`` and ``replay.json`` per noise level to
-``benchmarks/results/search_efficiency/gpu/<landscape>/cv_<cv>/``.
+``benchmarks/results/search_efficiency/gpu/<landscape>/cv_<cv>/``; with ``--slo-levels``, per
+level and noise level to ``.../<landscape>/slo_p<level>/cv_<cv>/`` (the SLOs each at that
+percentile, benchmarks.gpu_scoring.percentile_slo), which benchmarks.gpu_replay_table gathers.
+``replay.json`` also holds each arm's wall seconds per seed (``seconds_per_seed``).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import json
 import sys
 import time
-from collections.abc import Mapping, Sequence
-from dataclasses import asdict
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +50,7 @@ from benchmarks.gpu_scoring import (
     edge_flags,
     handed_worse,
     median_slo,
+    percentile_slo,
     reference,
     summarize_run,
 )
@@ -112,7 +120,16 @@ def strategies(
         out.insert(1, (refined, groups))
     everything = {"joint": [p for ps in groups_of(land, list(GROUPS)).values() for p in ps]}
     out.append((StudyStrategy(f"joint_tpe_{joint}", "joint", "tpe", joint), everything))
+    out.append((confirmed_random(joint), everything))
     return out
+
+
+def confirmed_random(trials: int) -> StudyStrategy:
+    """Random search as a fair peer of the tuner arms: random samples over every group at once
+    through the same StudyRunner (baseline, confirmation repeats, acceptance rule) at joint
+    TPE's budget, so a gap to TPE is the sampler's, not the confirmation's. As benchmarks.replay
+    builds it: no startup trials (every random trial is a startup trial)."""
+    return StudyStrategy(f"joint_random_{trials}", "joint", "random", trials, 2, 0)
 
 
 Arm = tuple[StudyStrategy, Mapping[str, list[str]]]
@@ -150,11 +167,15 @@ def replay(
     if table is not None:
         estimated_on(screened, table, land)
     rows = []
+    clock: dict[str, float] = {}
     for seed in range(seeds):
-        traces = plain_arms(land, seed, slo)
+        with lap(clock, WALKS):
+            traces = plain_arms(land, seed, slo)
         for s, groups in arms:
             config = screened if s.prescreen else base
-            traces.append(run_study(land, config, s, categorical_space(land, groups), 0.0, seed))
+            with lap(clock, s.name):
+                space = categorical_space(land, groups)
+                traces.append(run_study(land, config, s, space, 0.0, seed))
         rows += [summarize_run(t, land, ref) for t in traces]
     summary = aggregate(rows, len(land.grid_keys()))
     for line in summary:
@@ -162,7 +183,27 @@ def replay(
         line["worse_than_defaults"] = handed_worse(mine, "worse_than_defaults")
         line["worse_than_defaults_3pct"] = handed_worse(mine, "worse_than_defaults_3pct")
         line["edge_flags"] = edge_flags(mine)
-    return {"reference": describe(land, ref), "summary": summary, "runs": rows}
+    per_seed = {name: round(t / max(seeds, 1), 2) for name, t in clock.items()}
+    return {
+        "reference": describe(land, ref),
+        "summary": summary,
+        "seconds_per_seed": per_seed,
+        "runs": rows,
+    }
+
+
+WALKS = "walks"  # defaults, grid and random walk together: lookups only, milliseconds a seed
+
+
+@contextlib.contextmanager
+def lap(clock: dict[str, float], name: str) -> Iterator[None]:
+    """Adds the block's wall time to ``clock[name]``: what an arm costs a seed, so that a lead
+    can size the 20-seed runs before starting them."""
+    t0 = time.monotonic()
+    try:
+        yield
+    finally:
+        clock[name] = clock.get(name, 0.0) + time.monotonic() - t0
 
 
 def describe(land: GpuLandscape, ref: GpuReference) -> dict[str, Any]:
@@ -239,15 +280,98 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--slo-ttft", type=float, default=None, help="P99 TTFT SLO (s); default median")
     p.add_argument("--slo-tpot", type=float, default=None, help="P99 TPOT SLO (s); default median")
+    p.add_argument(
+        "--slo-levels",
+        type=slo_levels,
+        default=None,
+        help="percentiles, comma-separated (e.g. 25,50,75): each replays with the P99 TTFT and "
+        "P99 TPOT SLOs at that percentile of the P99s of the configurations that start, into "
+        "<out>/slo_p<level>/cv_<cv>/ (default: the median, into <out>/cv_<cv>/)",
+    )
     p.add_argument("--out", type=Path, default=None)
     return p.parse_args(argv)
+
+
+def slo_levels(text: str) -> list[float]:
+    try:
+        levels = [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        levels = []
+    if not levels or any(not 0 <= q <= 100 for q in levels):
+        raise argparse.ArgumentTypeError(f"comma-separated percentiles in [0, 100]: {text!r}")
+    return levels
+
+
+SLO_FOLDER = "slo_p"  # slo_p<level>: one folder per SLO level (benchmarks.gpu_replay_table)
+
+
+def level_folder(level: float) -> str:
+    return f"{SLO_FOLDER}{level:g}"
+
+
+@dataclass(frozen=True)
+class SloCase:
+    """One SLO a replay runs at, and where its results go under the landscape's folder."""
+
+    folder: str  # "" (the layout before the levels) or slo_p<level>
+    level: float | None  # its percentile; None where --slo-ttft or --slo-tpot set it
+    slo: GpuSlo
+
+
+def slo_cases(args: argparse.Namespace, land: GpuLandscape) -> list[SloCase]:
+    if args.slo_levels is None:  # as before the levels: the median, or the SLOs given
+        med = median_slo(land)
+        slo = GpuSlo(args.slo_ttft or med.p99_ttft_s, args.slo_tpot or med.p99_tpot_s)
+        level = None if args.slo_ttft or args.slo_tpot else 50.0
+        return [SloCase("", level, slo)]
+    if args.slo_ttft or args.slo_tpot:  # a level sets both: one of them given would be ignored
+        raise SystemExit("--slo-levels sets both SLOs: leave out --slo-ttft and --slo-tpot")
+    empty = [q for q in args.slo_levels if not any_feasible(land, percentile_slo(land, q))]
+    if empty:  # said before any replay starts, not after the levels before it ran for an hour
+        raise SystemExit(
+            f"no configuration meets both SLOs at levels {empty}; "
+            f"the lowest integer level some configuration meets: {lowest_level(land)}"
+        )
+    return [SloCase(level_folder(q), q, percentile_slo(land, q)) for q in args.slo_levels]
+
+
+def any_feasible(land: GpuLandscape, slo: GpuSlo) -> bool:
+    return any(slo.met(land.true(k)) for k in land.grid_keys())
+
+
+def lowest_level(land: GpuLandscape) -> int | None:
+    """Both SLOs at the same percentile: TTFT and TPOT favour different configurations, so a
+    low level can leave none meeting both (llama8b_h100 at 25)."""
+    return next((q for q in range(101) if any_feasible(land, percentile_slo(land, q))), None)
+
+
+def run_cell(
+    land: GpuLandscape,
+    case: SloCase,
+    seeds: int,
+    arms: Sequence[Arm],
+    table: silicon.SiliconTable | None,
+    out: Path,
+) -> None:
+    """One (SLO, noise) cell: every arm on every seed, written to ``out``."""
+    t0 = time.monotonic()
+    result = replay(land, case.slo, seeds, arms, table)
+    result["elapsed_s"] = round(time.monotonic() - t0, 1)
+    result["reference"]["slo_level"] = case.level
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "replay.json").write_text(json.dumps(result, indent=1, default=str) + "\n")
+    summary = markdown([{c: line[c] for c in COLUMNS} for line in result["summary"]])
+    (out / "summary.md").write_text(summary + "\n")
+    (out / "landscape.md").write_text(markdown(landscape_rows(land, case.slo)) + "\n")
+    print(json.dumps(result["reference"], default=str))
+    print(f"{out}: {result['elapsed_s']} s; s a seed: {result['seconds_per_seed']}")
+    print(summary + "\n", flush=True)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     land = load(args.landscape)
-    med = median_slo(land)
-    slo = GpuSlo(args.slo_ttft or med.p99_ttft_s, args.slo_tpot or med.p99_tpot_s)
+    cases = slo_cases(args, land)
     orders = [o.split(",") for o in args.orders]
     measured_on = silicon.TABLES.get(args.landscape) if args.prescreen else None
     if args.prescreen and measured_on is None:  # the estimator would be grading its own numbers
@@ -256,18 +380,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         land, orders, args.staged_trials, args.joint_trials, args.refine_trials, args.prescreen
     )
     out_root = args.out or results("search_efficiency", "gpu", args.landscape)
-    for cv in args.cv:
-        t0 = time.monotonic()
-        result = replay(land.with_noise(cv), slo, args.seeds, arms, measured_on)
-        result["elapsed_s"] = round(time.monotonic() - t0, 1)
-        out = out_root / f"cv_{cv:g}"
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "replay.json").write_text(json.dumps(result, indent=1, default=str) + "\n")
-        table = markdown([{c: line[c] for c in COLUMNS} for line in result["summary"]])
-        (out / "summary.md").write_text(table + "\n")
-        (out / "landscape.md").write_text(markdown(landscape_rows(land, slo)) + "\n")
-        print(json.dumps({k: v for k, v in result["reference"].items()}, default=str))
-        print(f"cv {cv:g}: {result['elapsed_s']} s\n{table}\n", flush=True)
+    for case in cases:
+        for cv in args.cv:
+            out = out_root / case.folder / f"cv_{cv:g}"
+            run_cell(land.with_noise(cv), case, args.seeds, arms, measured_on, out)
     return 0
 
 
