@@ -8,14 +8,26 @@ every arm that sees it must hand it over. vLLM's defaults here are (2, 4): worse
 
 from __future__ import annotations
 
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
 import numpy as np
 import pytest
 
-from benchmarks import gpu_replay
-from benchmarks.gpu_scoring import edge_flags, median_slo, off_the_line, reference, score
+from benchmarks import gpu_replay, gpu_replay_table
+from benchmarks.gpu_scoring import (
+    edge_flags,
+    median_slo,
+    off_the_line,
+    percentile_slo,
+    reference,
+    score,
+)
 from tuner.testing.gpu_landscape import GPU_PARAM, GpuLandscape, GpuSlo, groups_of, measured, point
 from tuner.testing.landscape import hypervolume_2d
-from tuner.testing.lookup import StudyStrategy
+from tuner.testing.lookup import StudyStrategy, categorical_space, run_study
 from tuner.testing.queueing import Load, serve
 
 LOAD = Load(users=16, isl=100, osl=11)
@@ -167,3 +179,141 @@ def test_the_hypervolume_of_a_staircase_is_its_area_worked_by_hand() -> None:
     assert hypervolume_2d(stairs, (4.0, 4.0)) == 6.0
     assert hypervolume_2d([*stairs, (3.0, 3.0), (2.0, 2.0), (5.0, 0.5)], (4.0, 4.0)) == 6.0
     assert hypervolume_2d([], (4.0, 4.0)) == 0.0
+
+
+def crossed() -> GpuLandscape:
+    """Five configurations that start (P99 TTFT 0.1 .. 1.6 s, P99 TPOT 10 .. 90 ms) and a failed
+    start. The fastest TTFT (0.1 s) has the second TPOT (20 ms), the fastest TPOT the second
+    TTFT (0.2 s): below the 25th percentile of both no configuration meets both SLOs."""
+    ttft = [0.4, 0.1, 1.6, 0.2, 0.8]
+    tpot = [0.05, 0.02, 0.09, 0.01, 0.03]
+    keys = [(tp, cap) for tp in (1, 2) for cap in (4, 8, 16)]
+    truths = {
+        k: dataclasses.replace(point(100, k[0], t), p99_tpot_s=p)
+        for k, t, p in zip(keys, ttft, tpot, strict=False)
+    }
+    truths[keys[-1]] = measured(None)
+    return GpuLandscape([GPU_PARAM, "max_num_seqs"], truths, {GPU_PARAM: 1, "max_num_seqs": 4})
+
+
+def test_an_slo_level_is_that_percentile_of_the_p99s_of_what_starts() -> None:
+    """numpy's linear percentile of five values falls on a value at 25, 50 and 75 (index 1, 2,
+    3), which then moves half-way to the next; at 10 and 90 it falls between two and stays.
+    The failed start counts in neither."""
+    land = crossed()
+    for level, want_ttft, want_tpot in (
+        (10, 0.14, 0.014),  # 0.1 + 0.4 x 0.1; 0.01 + 0.4 x 0.01: between values, as numpy has it
+        (25, 0.3, 0.025),  # on 0.2 and 0.02: half-way to 0.4 and 0.03
+        (50, 0.6, 0.04),  # on 0.4 and 0.03: half-way to 0.8 and 0.05
+        (75, 1.2, 0.07),  # on 0.8 and 0.05: half-way to 1.6 and 0.09
+        (90, 1.28, 0.074),  # 0.8 + 0.6 x 0.8; 0.05 + 0.6 x 0.04
+    ):
+        slo = percentile_slo(land, level)
+        assert slo.p99_ttft_s == pytest.approx(want_ttft)
+        assert slo.p99_tpot_s == pytest.approx(want_tpot)
+    assert percentile_slo(land, 50) == median_slo(land)
+    # The levels order the question: more of the landscape meets a higher one.
+    shares = [reference(land, percentile_slo(land, q)).feasible_share for q in (25, 50, 75, 90)]
+    assert shares == sorted(shares) and shares[0] < shares[-1]
+
+
+def test_confirmed_random_search_runs_through_the_study_runner_with_its_confirmations() -> None:
+    land = synthetic(cv=0.05)
+    arms = gpu_replay.strategies(land, [["parallelism", "batching"]], 2, 6)
+    by_name = {s.name: (s, groups) for s, groups in arms}
+    tpe, _ = by_name["joint_tpe_6"]
+    rand, groups = by_name["joint_random_6"]
+    # A peer of joint TPE: the same strategy, budget, repeats and space, only the sampler differs.
+    assert (rand.strategy, rand.sampler, rand.n_startup_trials) == ("joint", "random", 0)
+    assert (rand.trials_per_stage, rand.repeats) == (tpe.trials_per_stage, tpe.repeats)
+    assert groups == {"joint": [GPU_PARAM, "max_num_seqs"]}
+    trace = run_study(
+        land, gpu_replay.gpu_config(land, LOOSE), rand, categorical_space(land, groups), 0.0, 3
+    )
+    labels = [launch.label for launch in trace.launches]
+    assert labels[:3] == ["baseline"] * 3 and "joint" in labels
+    assert labels.count("joint-confirm") >= 2 * rand.repeats  # candidate and incumbent, repeated
+    # A decision stored by StudyRunner's acceptance rule: what an unconfirmed walk never has.
+    assert len(trace.decisions) == 1 and trace.decisions[0].startswith("stage joint:")
+    result = gpu_replay.replay(land, LOOSE, 1, [by_name["joint_random_6"]])
+    (row,) = [r for r in result["runs"] if r["strategy"] == "joint_random_6"]
+    assert row["launches"] == len(labels) and row["baseline_launches"] == 3
+    assert set(result["seconds_per_seed"]) == {gpu_replay.WALKS, "joint_random_6"}
+
+
+def test_slo_levels_write_one_folder_each_and_the_table_gathers_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(gpu_replay, "load", lambda _name: synthetic())
+    small = ["--seeds", "1", "--staged-trials", "1", "--joint-trials", "2"]
+    small += ["--orders", "parallelism,batching", "--cv", "0", "--landscape", "llama8b_h100"]
+    out = tmp_path / "llama8b_h100"
+    assert gpu_replay.main([*small, "--slo-levels", "25,90", "--out", str(out)]) == 0
+    for level in (25, 90):
+        data = json.loads((out / f"slo_p{level}" / "cv_0" / "replay.json").read_text())
+        slo = percentile_slo(synthetic(), level)
+        assert data["reference"]["slo_level"] == level
+        assert data["reference"]["slo"] == dataclasses.asdict(slo)
+    assert not (out / "cv_0").exists()
+    # Without the option: the median, in the layout before the levels.
+    assert gpu_replay.main([*small, "--out", str(tmp_path / "median")]) == 0
+    data = json.loads((tmp_path / "median" / "cv_0" / "replay.json").read_text())
+    assert data["reference"]["slo"] == dataclasses.asdict(median_slo(synthetic()))
+    with pytest.raises(SystemExit):  # a level sets both SLOs: a given one would be ignored
+        gpu_replay.main([*small, "--slo-levels", "25", "--slo-ttft", "1", "--out", str(tmp_path)])
+    # A level that leaves nothing meeting both SLOs is refused before any level runs, naming
+    # the lowest that leaves some (crossed(): 24 leaves none, 25 the fastest TTFT).
+    monkeypatch.setattr(gpu_replay, "load", lambda _name: crossed())
+    with pytest.raises(SystemExit, match=r"levels \[10\.0, 24\.0\].*meets: 25$"):
+        gpu_replay.main([*small, "--slo-levels", "50,10,24", "--out", str(tmp_path / "low")])
+    assert not (tmp_path / "low").exists()
+    cells = gpu_replay_table.gather(tmp_path)
+    assert [(c.landscape, c.level, c.cv) for c in cells] == [
+        ("llama8b_h100", 25.0, 0.0),
+        ("llama8b_h100", 90.0, 0.0),
+    ]
+    assert "joint_random_2" in gpu_replay_table.strategies_of(cells)
+
+
+def summary_line(
+    strategy: str, reached: str, launches: float, feasible: str, worse: str
+) -> dict[str, Any]:
+    return {
+        "strategy": strategy,
+        "reached_97": reached,
+        "median_launches": launches,
+        "final_feasible": feasible,
+        "worse_than_defaults": worse,
+    }
+
+
+def write_replay(folder: Path, cv: float, lines: list[dict[str, Any]]) -> None:
+    folder.mkdir(parents=True)
+    data = {"reference": {"cv": cv, "grid_size": 480}, "summary": lines, "runs": []}
+    (folder / "replay.json").write_text(json.dumps(data))
+
+
+def test_the_table_says_by_how_much_a_cell_misses_the_bar(tmp_path: Path) -> None:
+    """Grid of 480: 24 launches is the bar's 5 %, 33.6 is 7 %."""
+    passing = summary_line("joint_tpe_24", "19/20", 24, "20/20", "0/20")
+    missing = summary_line("joint_random_24", "16/20", 33.6, "19/20", "2/20")
+    write_replay(tmp_path / "llama8b_h100" / "slo_p25" / "cv_0.05", 0.05, [passing, missing])
+    write_replay(tmp_path / "llama8b_h100" / "cv_0.05", 0.05, [passing])  # before the levels
+    cells = gpu_replay_table.gather(tmp_path)
+    assert len(cells) == 1  # the folder without a level only with everything=True
+    text = gpu_replay_table.table(cells)
+    header, _, row = text.splitlines()
+    assert header.split(" | ")[3:] == ["joint_tpe_24", "joint_random_24 |"]
+    cols = [c.strip() for c in row.strip("|").split("|")]
+    assert cols[:3] == ["llama8b_h100 (est.)", "p25", "0.05"]
+    assert cols[3] == "19/20 · 5.0 % · 0/20 · 0/20 ok"
+    assert cols[4] == (
+        "16/20 · 7.0 % · 1/20 · 2/20 **misses** "
+        "reach -3, launches +2.0 pts, infeasible +1, worse +2"
+    )
+    cells = gpu_replay_table.gather(tmp_path, everything=True)
+    assert [gpu_replay_table.level_text(c) for c in cells] == ["p25", "median (p50)"]
+    # A strategy the older replay did not run reads "-", not a miss.
+    assert gpu_replay_table.table(cells).splitlines()[3].endswith(" ok | - |")
+    # Of fewer seeds the reach bar is as many in share: 2 of 2.
+    assert gpu_replay_table.shortfalls(gpu_replay_table.Verdict(1, 2, 1.0, 0, 0)) == ["reach -1"]
