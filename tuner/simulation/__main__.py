@@ -7,8 +7,8 @@ the failure as it would a real one. ``TUNER_SIM_TIME_SCALE`` stretches every mod
 serving and ``TUNER_SIM_STARTUP_SCALE`` shrinks the modelled start-up; both are printed in the
 first line, which also says that this is a simulation and not a measurement. A non-zero
 ``TUNER_SIM_NOISE_CV`` draws this launch's slowdown (:mod:`~tuner.simulation.launch_noise`),
-and the line says the CV and the factor drawn. A setting that is not a number it can use stops the host
-at once with one line naming it.
+and the line says the CV and the factor drawn. A setting that is not a number it can use stops
+the host at once with one line naming it.
 """
 
 from __future__ import annotations
