@@ -81,7 +81,7 @@ def test_an_infeasible_incumbent_gives_way_to_a_feasible_candidate() -> None:
             incumbent_feasible=False,
         )
     )
-    assert d.accepted and "incumbent violates" in d.reason and d.gain < 0
+    assert d.accepted and "incumbent does not meet every SLO" in d.reason and d.gain < 0
     d = decide(
         Comparison("batching", "output_throughput", "maximize", [1085], [967], False, 0.02, False)
     )

@@ -92,6 +92,9 @@ BAD_INPUT = [
     (["run", "placement.client_cpus=99999"], "placement.client_cpus='99999' names CPUs 99999"),
     (["nonsense"], "nonsense"),
     ([], "required"),
+    (["run", "study.slo_confidence=0.5"], "study.slo_confidence must be in (0.5, 1), got 0.5"),
+    (["run", "study.slo_confidence=1.0"], "study.slo_confidence must be in (0.5, 1), got 1.0"),
+    (["run", "study.repeats=3", "study.max_repeats=2"], "study.max_repeats (2) is below"),
 ]
 
 

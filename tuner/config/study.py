@@ -29,6 +29,11 @@ class StudyConfig:
     # is fully measured ends early; false re-measures repeats (more samples of a noisy point).
     reuse: bool = True
     repeats: int = 2  # interleaved re-measurements of winner and incumbent per stage
+    # An SLO counts as met only where the windows bound its P99 under it with this confidence
+    # (one-sided, tuner/scoring/confidence.py); a side whose SLO the repeats leave undecided is
+    # measured again, up to max_repeats re-measurements in all, before the rule decides.
+    slo_confidence: float = 0.9
+    max_repeats: int = 6
     # The control is measured this many times (once per fingerprint, stored, reused): its mean
     # is what every stage compares against. One lucky window of the baseline would otherwise
     # hide every candidate that does not beat the luck.
@@ -77,6 +82,16 @@ class StudyConfig:
             raise ConfigError(f"study.parallel must be >= 1 or auto, got {self.parallel!r}")
         if self.trials_per_stage < 1 or self.repeats < 0 or self.min_gain < 0:
             raise ConfigError("study: need trials_per_stage >= 1, repeats >= 0, min_gain >= 0")
+        if not 0.5 < self.slo_confidence < 1:
+            raise ConfigError(
+                f"study.slo_confidence must be in (0.5, 1), got {self.slo_confidence}",
+                hint="e.g. study.slo_confidence=0.9: hand over an SLO met with 90 % confidence",
+            )
+        if self.max_repeats < self.repeats:
+            raise ConfigError(
+                f"study.max_repeats ({self.max_repeats}) is below study.repeats ({self.repeats})",
+                hint=f"set study.max_repeats={self.repeats} or more",
+            )
         if self.baseline_measurements < 1:
             raise ConfigError(
                 f"study.baseline_measurements must be >= 1, got {self.baseline_measurements}"

@@ -40,7 +40,7 @@ from typing import ClassVar, Literal, TypeVar
 from tuner.config import CostConfig, ObjectivesConfig, SloConfig
 from tuner.errors import ConfigError
 from tuner.measurement.stats import Measurements
-from tuner.scoring.feasibility import meets
+from tuner.scoring.feasibility import NO_DATA_VIOLATION, meets
 
 # Literal, so that a list of directions goes to optuna.create_study as it is typed there.
 Direction = Literal["minimize", "maximize"]
@@ -50,10 +50,6 @@ DIRECTIONS: tuple[Direction, ...] = (MINIMIZE, MAXIMIZE)
 PLUGIN_PACKAGE = "objectives"
 # The entry-point group under which an installed package declares objective modules of its own
 ENTRY_POINT_GROUP = "tuner.objectives"
-# A violation for "this constraint cannot be checked because there is no data". Large enough to
-# rank below any measured violation, finite so it survives JSON (Optuna stores constraints as
-# JSON system attrs, and the dashboard cannot read Infinity).
-NO_DATA_VIOLATION = 1e6
 # What an SLO that is not set reports: satisfied, with a margin that cannot look like a near miss.
 UNSET_SLO = -1.0
 

@@ -9,11 +9,12 @@ incumbent and the decision uses every measurement of both. The rule is simple to
                 (sd, df: the study's pooled relative noise, tuner.study.noise; study.noise=pair:
                  2 * sqrt(var_c / n_c + var_i / n_i), each comparison's own variances)
     threshold = max(noise, min_gain * |mean(incumbent)|)
-    accept   <=> the candidate meets every constraint on the mean of its repeats and
-                 (gain > threshold or the incumbent, on the mean of its own, violates one:
-                 feasibility first),
-                 or neither meets them and the candidate misses them by less (its summed
-                 relative overshoot on the mean of its repeats is smaller, none failed)
+    accept   <=> the candidate meets every constraint with the stated confidence
+                 (tuner.scoring.confidence: its repeats bound each P99 under its SLO at
+                 study.slo_confidence) and (gain > threshold or the incumbent does not meet
+                 one so: feasibility first),
+                 or neither does and the candidate misses them by less (its summed relative
+                 overshoot at that confidence bound is smaller, none failed)
 
 The last clause moves a search off an infeasible start: where knobs reach the SLOs only
 together (a TTFT SLO met only at high TP, a TPOT SLO only at lower concurrency), no single
@@ -21,7 +22,7 @@ stage finds a feasible point from an infeasible incumbent, and keeping the incum
 stall every stage after it. Nothing infeasible is handed over as if it met the SLOs: the
 summary says which constraint the final incumbent still misses.
 
-Constraints are judged on the mean over repeats, not repeat by repeat: a P99 over a 10-20 s
+Constraints are judged on every repeat together, not repeat by repeat: a P99 over a 10-20 s
 window rests on its two or three slowest requests, so a configuration whose true P99 sits 10 %
 under the SLO can miss it in any single window (the AVX2 landscape's P99 spread between repeats
 is up to 45 %). Demanding every repeat would reject such a configuration
@@ -38,7 +39,8 @@ from typing import Any
 
 import numpy as np
 
-from tuner.scoring.objective import NO_DATA_VIOLATION
+from tuner.scoring.confidence import SloClaim
+from tuner.scoring.feasibility import NO_DATA_VIOLATION
 from tuner.study.noise import NoiseEstimate, NoiseSplit
 
 # The F-test's level at which the baseline's launches count as differing beyond their windows.
@@ -50,10 +52,10 @@ class Comparison:
     """What the rule compares: a stage's winner against the incumbent, both re-measured.
 
     ``incumbent`` and ``candidate`` are the selection objective's values of each side;
-    ``candidate_feasible`` and ``incumbent_feasible`` are :func:`meets` of each side's
-    :func:`mean_constraints`; ``pooled`` is the study's noise (including these two sides'
-    repeats), None for the pair rule; ``*_violation`` is :func:`violation` of each side's mean
-    constraints (0 where met).
+    ``candidate_feasible`` and ``incumbent_feasible`` say each side meets every constraint with
+    the study's confidence (:func:`tuner.scoring.confidence.confidently_met`); ``pooled`` is
+    the study's noise (including these two sides' repeats), None for the pair rule;
+    ``*_violation`` is each side's summed overshoot at that confidence bound (0 where met).
     """
 
     stage: str
@@ -156,9 +158,15 @@ class Decision:
     passed_over_constraints: dict[str, float] = field(default_factory=dict)
     # the other objectives on the confirmation's windows, each with what it can resolve
     others: list[ObjectiveChange] = field(default_factory=list)
+    # each side's SLOs as claims with a stated confidence, on the windows above
+    candidate_slos: list[SloClaim] = field(default_factory=list)
+    incumbent_slos: list[SloClaim] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        data = asdict(self)
+        for side in ("candidate_slos", "incumbent_slos"):
+            data[side] = [c.to_dict() for c in getattr(self, side)]
+        return data
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Decision:
@@ -168,6 +176,8 @@ class Decision:
             ObjectiveChange(**{**o, "windows": tuple(o.get("windows") or (0, 0))})
             for o in data.get("others") or []
         ]
+        for side in ("candidate_slos", "incumbent_slos"):
+            fields_[side] = [SloClaim.from_dict(c) for c in data.get(side) or []]
         return cls(**fields_)
 
     def line(self) -> str:
@@ -240,9 +250,15 @@ def _verdict(c: Comparison, gain: float, threshold: float) -> tuple[bool, str]:
                 f"neither meets every constraint; the candidate misses them by less "
                 f"({c.candidate_violation:.1%} vs {c.incumbent_violation:.1%} summed overshoot)"
             )
-        return False, "candidate violated an SLO on the mean of its repeats, or a repeat failed"
+        return (
+            False,
+            "candidate not shown to meet every SLO with the confidence asked, or it failed",
+        )
     if not c.incumbent_feasible:
-        return True, "the incumbent violates a constraint; the candidate meets every one"
+        return (
+            True,
+            "the incumbent does not meet every SLO with the confidence asked; the candidate does",
+        )
     if not np.isfinite(gain):
         return False, "a re-measurement gave no value"
     if gain > threshold:

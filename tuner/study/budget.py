@@ -47,6 +47,10 @@ class LaunchBudget:
             f"simulated GPUs: ~{duration(gpu)} (their modelled server start-ups, not slept here)"
         )
 
+    def add(self, launches: int) -> None:
+        """Launches the plan did not count: a confirmation's rounds past study.repeats."""
+        self.planned += max(launches, 0)
+
     def replan(self, still_needed: int) -> None:
         """What is done plus what the rest of the study may still launch."""
         self.planned = self.done + max(still_needed, 0)

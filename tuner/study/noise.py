@@ -106,12 +106,35 @@ class NoisePool:
         self._groups: dict[str, list[float]] = {}
 
     def add(self, config: Mapping[str, Any], values: Sequence[float]) -> None:
-        key = json.dumps(dict(config), sort_keys=True, default=str)
+        key = _key(config)
         if len(values) > len(self._groups.get(key, [])):
             self._groups[key] = [float(v) for v in values]
 
     def estimate(self) -> NoiseEstimate:
         return NoiseEstimate.of(*self._groups.values())
+
+
+class WindowPool:
+    """Every configuration's constraint windows in one study: the spread an SLO claim pools
+    (tuner.scoring.confidence). As in :class:`NoisePool`, a configuration keeps its longest
+    list, so a resumed study that adds the same windows again changes nothing."""
+
+    def __init__(self) -> None:
+        self._groups: dict[str, list[dict[str, float]]] = {}
+
+    def add(self, config: Mapping[str, Any], windows: Sequence[Mapping[str, float]]) -> None:
+        key = _key(config)
+        if len(windows) > len(self._groups.get(key, [])):
+            self._groups[key] = [dict(w) for w in windows]
+
+    def others(self, config: Mapping[str, Any]) -> list[list[dict[str, float]]]:
+        """Every configuration's windows but ``config``'s own."""
+        key = _key(config)
+        return [w for k, w in self._groups.items() if k != key]
+
+
+def _key(config: Mapping[str, Any]) -> str:
+    return json.dumps(dict(config), sort_keys=True, default=str)
 
 
 @dataclass(frozen=True)

@@ -100,7 +100,12 @@ class StudyRunner:
         # Checks of a candidate before its launch (vLLM's config, the estimator); attached by
         # Session.preflight, so a runner built without it (tests, replays) launches directly.
         self.prescreen: Prescreen | None = None
-        self.confirmation = Confirmation(config, evaluator, self._open, self.measure_many, progress)
+        self.confirmation = Confirmation(
+            config, evaluator, self._open, self.measure_many, progress, self._add_launches
+        )
+
+    def _add_launches(self, count: int) -> None:
+        self.launches.add(count)  # read at call time: measure_more replaces the budget
 
     @property
     def storage_url(self) -> str:
@@ -156,7 +161,8 @@ class StudyRunner:
         finally:
             self.close()
         pareto = {stored.name: stored.pareto_front() for stored in self.done}
-        return StudyResult(baseline, incumbent, decisions, pareto)
+        confidence = self.config.study.slo_confidence
+        return StudyResult(baseline, incumbent, decisions, pareto, confidence)
 
     def measure_more(self, params: dict[str, Any], count: int) -> list[Evaluated]:
         """``count`` more windows of one configuration, each a trial as the study measures

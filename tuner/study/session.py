@@ -20,6 +20,7 @@ from tuner.errors import ConfigError, PreflightError
 from tuner.executor import Executor, make_executor
 from tuner.host.placement import for_trial
 from tuner.quality import quality_fingerprint
+from tuner.scoring.confidence import SloClaim, SloStatus
 from tuner.search import checks as space_checks
 from tuner.search import space as search_space
 from tuner.server import LaunchSpec, make_backend
@@ -171,17 +172,38 @@ def outcome_lines(name: str, names: list[str], select_index: int, result: StudyR
 
 
 def _misses(result: StudyResult) -> list[str]:
-    """A hand-over that still misses a constraint says so: it is the closest the study came,
-    not a configuration that meets the SLOs. One that meets an SLO by less than its windows'
-    spread says that too: a point just over the SLO reads like that as often."""
-    missed = {n: v for n, v in result.final.constraints.items() if v > 0}
-    if not missed:
-        return [
-            f"  ON AN SLO'S EDGE: {edge.line()}; more windows (study.repeats) tell it from a miss"
-            for edge in result.final_edges()
-        ]
-    parts = ", ".join(f"{n} by {v:.1%}" for n, v in sorted(missed.items()))
-    return [f"  NOT FEASIBLE: it still misses {parts} (on the mean of its windows)"]
+    """What the hand-over claims of each SLO, and how sure its windows are: met, missed (it is
+    the closest the study came, not a configuration that meets the SLOs) or undecided (not
+    handed over as meeting it; what would decide it). Beside it, a stage winner that beat it
+    but whose SLOs its repeats left undecided."""
+    found = result.final_claims()
+    missed = [c.name for c in found if c.status == SloStatus.MISSED]
+    open_ = [c.name for c in found if c.status == SloStatus.UNDECIDED]
+    if missed:
+        head = f"  NOT FEASIBLE: it misses {', '.join(missed)} (the closest the study came)"
+    elif open_:
+        head = f"  UNDECIDED: {', '.join(open_)} not shown met with the confidence asked"
+    else:
+        head = f"  every SLO met with {result.slo_confidence:.0%} confidence"
+    # every SLO; another constraint (the error rate) only where it is not met
+    shown = [c for c in found if c.name.startswith("slo_") or c.status != SloStatus.MET]
+    lines = [head] + [f"    {_claim_line(c)}" for c in shown]
+    for d in result.undecided_beside():
+        why = "; ".join(c.text() for c in d.candidate_slos if c.status == SloStatus.UNDECIDED)
+        lines.append(
+            f"  beside it: {d.stage} trial {d.candidate_trial} {d.candidate_params} beat it by "
+            f"{d.gain:+.4g} {d.objective}, but its repeats left an SLO undecided ({why})"
+        )
+    return lines
+
+
+def _claim_line(c: SloClaim) -> str:
+    more = c.more_windows()
+    if c.status != SloStatus.UNDECIDED:
+        return c.text()
+    if more is None:
+        return f"{c.text()}; no number of windows decides it at this mean"
+    return f"{c.text()}; ~{more} more windows would decide it (study.max_repeats)"
 
 
 def _fmt(values: list[float]) -> str:

@@ -19,7 +19,8 @@ from optuna.trial import TrialState
 
 from tuner.config import ParamSpec, TunerConfig
 from tuner.schema import REFINE, Role, TrialAttr, TrialStatus
-from tuner.scoring.feasibility import Edge, edges, mean_constraints, meets, violation
+from tuner.scoring.confidence import SloClaim, SloStatus, claims
+from tuner.scoring.feasibility import mean_constraints, meets, violation
 from tuner.search import space as search_space
 from tuner.study.acceptance import Decision
 
@@ -59,18 +60,28 @@ class StudyResult:
     final: Incumbent
     decisions: list[Decision] = field(default_factory=list)
     pareto: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    slo_confidence: float = 0.9  # study.slo_confidence: what a claim of the hand-over must reach
 
-    def final_edges(self) -> list[Edge]:
-        """The SLOs the hand-over meets by less than one window's spread (none when it misses
-        one: that is a miss, not an edge), the spread pooled over every configuration the study
-        measured more than once."""
-        final = self.final.constraint_windows
-        if not meets(self.final.constraints):
-            return []
+    def final_claims(self) -> list[SloClaim]:
+        """What the hand-over's windows claim of each SLO, at the study's confidence, their
+        spread pooled over every configuration the study measured more than once."""
+        final = self.final.constraint_windows or [dict(self.final.constraints)]
         groups = [self.baseline.constraint_windows]
         for d in self.decisions:
             groups += [d.candidate_constraint_windows, d.incumbent_constraint_windows]
-        return edges(final, [g for g in groups if g and g != final])
+        others = [g for g in groups if g and g != final]
+        return claims(final, others, self.slo_confidence)
+
+    def undecided_beside(self) -> list[Decision]:
+        """Stage winners that beat the incumbent beyond the noise but were not handed over
+        because an SLO stayed undecided: named beside the hand-over, never as feasible."""
+        return [
+            d
+            for d in self.decisions
+            if not d.accepted
+            and d.gain > d.threshold
+            and any(c.status == SloStatus.UNDECIDED for c in d.candidate_slos)
+        ]
 
 
 def plan_stages(config: TunerConfig) -> list[Stage]:

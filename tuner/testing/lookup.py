@@ -29,7 +29,7 @@ from tuner.errors import TunerError
 from tuner.measurement.stats import Measurements, MetricStats
 from tuner.plan.planner import Planner
 from tuner.schema import StudyAttr, TrialStatus
-from tuner.scoring.feasibility import meets
+from tuner.scoring.confidence import confidently_met, undecided
 from tuner.search.launch import LaunchSpec
 from tuner.study.acceptance import Decision
 from tuner.study.evaluation import Evaluator
@@ -137,6 +137,7 @@ class StudyStrategy:
     # best points first in each stage (the base config must name the system and model)
     prescreen: bool = False
     stages: tuple[str, ...] = ()  # study.stages when a group comes twice (default: the space's)
+    max_repeats: int | None = None  # study.max_repeats (None: the schema's default)
 
 
 def base_config() -> TunerConfig:
@@ -183,6 +184,8 @@ def study_config(
     config.study.refine_trials = s.refine_trials
     config.study.baseline_measurements, config.study.noise = s.baseline_measurements, s.noise
     config.study.count_search_window = s.count_search_window
+    if s.max_repeats is not None:
+        config.study.max_repeats = s.max_repeats
     config.study.prescreen = s.prescreen
     config.study.storage = f"sqlite:///{folder}/replay.db"
     config.study.max_consecutive_failures = 10_000  # report the path, do not stop on failures
@@ -215,8 +218,9 @@ def run_study(
         with count_fallbacks() as fallbacks:
             try:
                 result = runner.run()
-                trace.believed_feasible = meets(result.final.constraints)
-                trace.on_edge = [e.name for e in result.final_edges()]
+                found = result.final_claims()
+                trace.believed_feasible = confidently_met(found)
+                trace.on_edge = [c.name for c in undecided(found)]
             except TunerError as exc:
                 trace.stopped = exc.one_line()
         trace.independent_samples = fallbacks.count

@@ -32,9 +32,10 @@ class RunTrace:
     stopped: str = ""  # why a StudyRunner run ended early (TunerError), if it did
     independent_samples: int = 0  # params a relative sampler drew independently (fell back)
     decisions: list[str] = field(default_factory=list)  # each stage's decision, one line each
-    # the constraints the hand-over meets by less than its windows' spread, when it meets them
+    # the constraints the hand-over's windows leave undecided at the study's confidence
     on_edge: list[str] = field(default_factory=list)
-    believed_feasible: bool = False  # the study's own word: its hand-over meets the SLOs
+    # the study's own word: its hand-over meets every SLO with the confidence asked
+    believed_feasible: bool = False
 
     def explain(self) -> str:
         """What the run launched, what it observed, and what it decided (replay --explain)."""
