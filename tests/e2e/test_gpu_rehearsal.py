@@ -220,6 +220,8 @@ def test_a_gpu_preset_walks_plan_run_report_export_capacity_check(rehearsal: Reh
 
     run = rehearsal.tuner("run", *overrides(preset), *RAY, dirs)
     assert "decisions:" in run and "submitted to Ray" in run
+    if not REAL:  # a rehearsal's lines say what they measure
+        assert "measuring the SIMULATED GPU host" in run and "measuring vLLM" not in run
     # the hand-over is claimed met with the study's confidence, not merely on a mean
     assert "every SLO met with 90% confidence" in run, run[-3000:]
     logs = [f.read_text() for f in rehearsal.study.glob("trials/*/server.log")]

@@ -203,3 +203,11 @@ def test_a_noisy_rehearsal_says_so_in_its_simulated_line() -> None:
     assert plain is not None and "noise" not in plain
     assert noisy == plain + "; serving delays noised per launch, CV 0.05"
     assert noise_cv({}) == "" and noise_cv({"TUNER_SIM_NOISE_CV": "x"}) == "x"
+
+
+def test_a_rehearsals_progress_lines_say_simulated_not_vllm() -> None:
+    import tuner.server  # noqa: F401  (the backends register on import)
+    from tuner.server.backend import served_by
+
+    assert served_by("vllm") == "vLLM"
+    assert "SIMULATED" in served_by("simulated_gpu") and "vLLM" not in served_by("simulated_gpu")

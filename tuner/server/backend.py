@@ -102,10 +102,23 @@ HostSetup = Callable[[ServerConfig], None]
 HOST_SETUPS: dict[str, HostSetup] = {}
 
 
-def register_backend(kind: str, factory: BackendFactory, host: HostSetup | None = None) -> None:
+# Per kind, what a launch of it measures, in the words a progress line uses: a rehearsal's
+# lines must say it measures a simulation, never "vLLM".
+SERVED: dict[str, str] = {}
+
+
+def register_backend(
+    kind: str, factory: BackendFactory, host: HostSetup | None = None, serves: str = "vLLM"
+) -> None:
     SERVER_BACKENDS[kind] = factory
+    SERVED[kind] = serves
     if host is not None:
         HOST_SETUPS[kind] = host
+
+
+def served_by(kind: str) -> str:
+    """What a launch of ``kind`` measures, for the lines a user reads."""
+    return SERVED.get(kind, kind)
 
 
 def prepare_host(config: ServerConfig) -> None:

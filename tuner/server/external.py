@@ -203,4 +203,4 @@ class ExternalServer:
         self.stop()
 
 
-backend.register_backend("external", ExternalServer)
+backend.register_backend("external", ExternalServer, serves="the external endpoint")

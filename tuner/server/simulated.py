@@ -111,4 +111,6 @@ class SimulatedGpuServer(VllmServer):
         return info
 
 
-backend.register_backend("simulated_gpu", SimulatedGpuServer, host=prepare_host)
+backend.register_backend(
+    "simulated_gpu", SimulatedGpuServer, host=prepare_host, serves="the SIMULATED GPU host"
+)

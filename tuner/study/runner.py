@@ -30,6 +30,7 @@ from tuner.schema import (
     stage_study,
 )
 from tuner.search.samplers import make_sampler
+from tuner.server.backend import served_by
 from tuner.study.acceptance import Decision
 from tuner.study.budget import BudgetHook, LaunchBudget, modelled_extra, planned_launches
 from tuner.study.canonical import Canonical
@@ -233,7 +234,8 @@ class StudyRunner:
     def _measure_baselines(
         self, study: optuna.Study, key: str, have: int, want: int
     ) -> list[optuna.trial.FrozenTrial]:
-        note = f"baseline {key}: measuring vLLM with the fixed args only ({{}}/{want})"
+        served = served_by(self.config.server.kind)
+        note = f"baseline {key}: measuring {served} with the fixed args only ({{}}/{want})"
         wants = [
             Want(study, Role.BASELINE, {}, Role.BASELINE, note=note.format(n + 1))
             for n in range(have, want)
