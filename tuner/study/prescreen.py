@@ -70,7 +70,7 @@ RANKS: dict[str, Callable[[PlannedPoint], float]] = {
 }
 
 
-def _rank(select_by: str) -> Callable[[PlannedPoint], float]:
+def rank_for(select_by: str) -> Callable[[PlannedPoint], float]:
     return RANKS.get(select_by, lambda p: _nan_last(-p.estimate.tokens_s))
 
 
@@ -275,7 +275,7 @@ class Prescreen:
         points, _, _ = self.planner.space(stage.specs, incumbent.params)
         trials = study.get_trials(deepcopy=False)  # a point is its modelled params here
         taken = {point_key({p: t.params[p] for p in kept if p in t.params}) for t in trials}
-        rank = _rank(self.evaluator.select_by)
+        rank = rank_for(self.evaluator.select_by)
         anchor = self.anchor(incumbent, stored)
         starts = [p for p in points if p.estimate.starts and point_key(p.params) not in taken]
         ahead = self._ahead_rank(following, incumbent.params, anchor)
@@ -309,7 +309,7 @@ class Prescreen:
         anchor = self.anchor(incumbent, stored)
         if not self._ahead(following, anchor):
             return None
-        rank = _rank(self.evaluator.select_by)
+        rank = rank_for(self.evaluator.select_by)
         mine = self._best_after(following, incumbent.params, anchor)
         own = {p: incumbent.params.get(p) for p in stage.specs}
         ahead = []
@@ -342,7 +342,7 @@ class Prescreen:
         for every point where the following stage cannot be judged."""
         if following is None or not self._ahead(following, anchor):
             return lambda _: 0.0
-        rank = _rank(self.evaluator.select_by)
+        rank = rank_for(self.evaluator.select_by)
 
         def ahead(point: PlannedPoint) -> float:
             best = self._best_after(following, {**params, **point.params}, anchor)
@@ -369,7 +369,7 @@ class Prescreen:
         points, _, _ = self.planner.space(following.specs, params)
         slo, within = self.config.slo, LOOKAHEAD_TOLERANCE
         meets = [p for p in points if p.overshoot(slo, anchor) <= within]
-        return min(meets, key=_rank(self.evaluator.select_by), default=None)
+        return min(meets, key=rank_for(self.evaluator.select_by), default=None)
 
 
 def seeds_for(stage: Stage) -> int:

@@ -30,6 +30,7 @@ from tuner.study.evaluation import Evaluator
 from tuner.study.fingerprint import fingerprint, hardware, public_env
 from tuner.study.lease import RunLease, take_lease
 from tuner.study.prescreen import Prescreen
+from tuner.study.promise import contradiction_lines, promised
 from tuner.study.runner import Progress, StudyRunner
 from tuner.study.stages import StudyResult, spec_text
 from tuner.study.storage import check_url
@@ -99,6 +100,7 @@ class Session:
     def summary_text(self, result: StudyResult) -> str:
         ev = self.runner.evaluator
         lines = ["", *outcome_lines(self.config.name, ev.names, ev.select_index, result)]
+        lines += self._against_the_plan(result)
         lines.append(f"  params: {result.final.params or '(vLLM defaults + fixed args)'}")
         lines.append(f"  CPUs: {for_trial(self.config).describe()} (placement)")
         lines += ["decisions:"] + [f"  {d.line()}" for d in result.decisions]
@@ -116,6 +118,20 @@ class Session:
         lines.append(f"storage: {self.runner.storage_shown()}")
         wall = self.runner.launches.wall_line()
         return "\n".join([*lines, wall] if wall else lines)
+
+    def _against_the_plan(self, result: StudyResult) -> list[str]:
+        """Where estimates exist and the study kept its baseline against a gain the plan
+        promised within the SLOs: the measurement that contradicted the estimate."""
+        prescreen, runner = self.runner.prescreen, self.runner
+        planner = prescreen.fit_planner if prescreen is not None else None
+        if planner is None or result.final.source != result.baseline.source:
+            return []
+        ev, study = runner.evaluator, self.config.study
+        promise = promised(planner, runner.all_specs, self.config.slo, ev.select_by, study.min_gain)
+        if promise is None:
+            return []
+        trials = [t for stored in runner.done for t in stored.launched()]
+        return contradiction_lines(promise, trials, result, ev.names)
 
     def plan_text(self) -> str:
         """What `tuner run --dry-run` prints: the study, its stages and its launch budget."""

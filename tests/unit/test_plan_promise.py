@@ -1,0 +1,81 @@
+"""A study that keeps its baseline where its own plan promised a gain within the SLOs names the
+measurement that contradicted the estimate (the flagship 70B rehearsal kept TP 8 bf16 where its
+plan estimated FP8 at a smaller TP at about twice the tokens/s per GPU, and could not say why).
+The estimates are the real estimator's (AIConfigurator, offline); the trials are stand-ins."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import optuna
+import pytest
+
+from tuner.composition import compose
+from tuner.plan.planner import Planner
+from tuner.schema import TrialAttr, TrialStatus
+from tuner.study.promise import contradiction_lines, nearest_launch, promised
+from tuner.study.stages import Incumbent, StudyResult
+
+logging.getLogger("aiconfigurator_core").setLevel(logging.ERROR)
+NAMES = ["output_throughput_per_gpu"]
+
+
+@pytest.fixture(scope="module")
+def planner() -> Planner:
+    config = compose(
+        [
+            "study=llama70b_8xh200",
+            "server.model=meta-llama/Meta-Llama-3.1-70B",
+            "search_space=[parallelism,quantization]",
+            "study.stages=[quantization,parallelism]",
+            "search_space.parallelism.pipeline_parallel_size.choices=[1]",
+        ]
+    )
+    return Planner(config)
+
+
+def _trial(number: int, params: dict[str, Any], constraints: dict[str, float]) -> Any:
+    attrs = {
+        TrialAttr.STATUS: TrialStatus.OK,
+        TrialAttr.STAGE: "parallelism",
+        TrialAttr.PARAMS_ALL: params,
+    }
+    t = optuna.trial.create_trial(values=[600.0], user_attrs=attrs, constraints=constraints)
+    t.number = number
+    return t
+
+
+def test_the_plan_promises_a_smaller_fp8_server_over_the_bf16_node(planner: Planner) -> None:
+    config = planner.config
+    specs = {p: s for group in config.search_space.values() for p, s in group.items()}
+    promise = promised(planner, specs, config.slo, "output_throughput_per_gpu", 0.02)
+    assert promise is not None
+    best, base = promise.best.estimate, promise.baseline.estimate
+    assert best.tokens_s_gpu > 1.3 * base.tokens_s_gpu
+    assert promise.best.params.get("tensor_parallel_size", 8) < 8 and promise.best.meets(config.slo)
+    # nothing is promised where no point beats the baseline by the gain asked
+    assert promised(planner, specs, config.slo, "output_throughput_per_gpu", 10.0) is None
+
+
+def test_the_summary_names_the_launch_that_contradicted_the_estimate(planner: Planner) -> None:
+    config = planner.config
+    specs = {p: s for group in config.search_space.values() for p, s in group.items()}
+    promise = promised(planner, specs, config.slo, "output_throughput_per_gpu", 0.02)
+    assert promise is not None
+    point = dict(promise.best.params)
+    far = _trial(3, {"tensor_parallel_size": 8}, {"slo_p99_ttft": -0.2})
+    there = _trial(5, point, {"slo_p99_ttft": 0.12, "slo_p99_tpot": -0.1})
+    assert nearest_launch(point, [far, there]) is there
+    base = Incumbent({}, [353.0], {}, "baseline", [353.0])
+    lines = contradiction_lines(promise, [far, there], StudyResult(base, base), NAMES)
+    assert lines[0].startswith(f"  the plan estimated {point} at ")
+    assert lines[1] == (
+        "    the study measured that point (parallelism trial 5): slo_p99_ttft over by 12%: "
+        "that measurement contradicts the estimate"
+    )
+    # a study that handed over something else says nothing of the plan
+    new = Incumbent(point, [700.0], {}, "parallelism trial 5", [700.0])
+    assert contradiction_lines(promise, [there], StudyResult(base, new), NAMES) == []
+    # no launch near it: said so
+    assert "no launch" in contradiction_lines(promise, [], StudyResult(base, base), NAMES)[-1]
