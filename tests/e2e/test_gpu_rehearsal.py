@@ -263,6 +263,7 @@ def test_a_gpu_preset_walks_plan_run_report_export_capacity_check(rehearsal: Reh
         "2",
     )
     assert "replicas" in capacity
+    assert capacity.splitlines()[0].startswith("SIMULATED") is not REAL  # stdout's first line
 
     log = rehearsal.folder / "deployed.log"
     proc, url = _deploy(rehearsal, export / "vllm-config.yaml", log)

@@ -5,14 +5,17 @@ one window, sizing, the stored config read back, bad input, and the replica coun
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 from pathlib import Path
+from types import TracebackType
+from typing import Any
 
 import optuna
 import pytest
 import yaml
 
-from tests.fakes.stored_study import ACCEPTED, make_stored_study, new_study
+from tests.fakes.stored_study import ACCEPTED, FINGERPRINT, make_stored_study, new_study
 from tuner.cli import main
 from tuner.composition import compose
 from tuner.config import CostConfig, SloConfig, TunerConfig
@@ -229,3 +232,63 @@ def test_k8s_export_writes_the_measured_replica_count(tmp_path: Path) -> None:
         == 0
     )
     assert next(yaml.safe_load_all((out / "k8s.yaml").read_text()))["spec"]["replicas"] == 1
+
+
+class _KneeServer:
+    """ServedConfig without a server: every rate up to 9 req/s meets the SLOs (the search over
+    such a server is tested above; here only what the command prints and writes matters)."""
+
+    server_cpus = 2
+
+    def __init__(self, *args: Any) -> None:
+        pass
+
+    def __enter__(self) -> _KneeServer:
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        pass
+
+    def measure(self, rate: float, phase: str, window_s: float | None = None) -> CapacityStep:
+        return _step(rate, rate <= 9.0)
+
+
+@pytest.mark.parametrize("rehearsal", [True, False])
+def test_a_rehearsals_capacity_says_simulated_and_a_real_studys_does_not(
+    rehearsal: bool,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A study made on the simulated host: its stamp heads the printed result and capacity.json,
+    and its rate per replica is "(simulated)"; a measured study's capacity prints as ever."""
+    study = make_stored_study(tmp_path)
+    config = yaml.safe_load((study.folder / "config.yaml").read_text())
+    config["slo"] = {"p99_e2e_s": 5.0}  # capacity is judged against a latency SLO
+    (study.folder / "config.yaml").write_text(yaml.safe_dump(config))
+    if rehearsal:  # the fingerprint a study run on the simulated host stores: its GPUs' names
+        baseline = optuna.load_study(study_name="baseline:fake", storage=study.url)
+        gpus = {"gpus": ["NVIDIA H200 (simulated)"]}
+        hardware = {**FINGERPRINT["hardware"], **gpus}  # type: ignore[dict-item]
+        baseline.set_user_attr("fingerprint", {**FINGERPRINT, "hardware": hardware})
+    monkeypatch.setattr("tuner.deployment.capacity.ServedConfig", _KneeServer)
+
+    rc = main(["capacity", "demo", "--studies-dir", str(tmp_path), "--target-rps", "30"])
+    captured = capsys.readouterr()
+    out = captured.out.splitlines()
+    data = json.loads((study.folder / "capacity" / "capacity.json").read_text())
+    assert rc == 0, captured
+    result = out[1:] if rehearsal else out  # the lines a measured study's capacity prints
+    assert result[0].startswith("capacity of ") and "replicas" in result[2], out
+    assert result[2].endswith("(simulated)" if rehearsal else "(measured)"), out
+    if rehearsal:
+        assert out[0].startswith("SIMULATED: a rehearsal on a simulated GPU host"), out
+        # The terminal's first line too: progress (stderr, "[hh:mm:ss] ...") comes first there.
+        assert captured.err.splitlines()[0].split("] ", 1)[1] == out[0], captured.err
+        assert next(iter(data)) == "simulated" and data["simulated"] == out[0]
+    else:
+        assert "SIMULATED" not in captured.out + captured.err, captured
+        assert "simulated" not in data and next(iter(data)) == "study"
+        assert read_capacity(study.folder) is not None  # what tuner export reads: unchanged

@@ -7,11 +7,18 @@ offers open-loop arrivals at a sequence of rates (a coarse sweep, then bisection
 error rate within its limit is bracketed. Then ``replicas = ceil(R x (1 + headroom) / rate)``,
 GPUs and cost per month (:mod:`tuner.plan.sizing`). The result, with the goodput curve, is kept
 in ``studies/<name>/capacity/``, where ``tuner export --format k8s`` finds its replica count.
+
+A study rehearsed on the simulated GPU host (``server=simulated_gpu``) runs its capacity search
+there too: its result is no measurement of real GPUs, so the printed result and ``capacity.json``
+open with the study's SIMULATED stamp (:attr:`Review.simulated`, the line its report, export and
+check open with) and its rate per replica reads "(simulated)", not "(measured)".
 """
 
 from __future__ import annotations
 
+import json
 import math
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,7 +28,7 @@ from tuner.deployment.capacity.goodput_plot import write_goodput_png
 from tuner.deployment.capacity.rate_load import ServedConfig
 from tuner.deployment.capacity.stored_config import stored_config
 from tuner.deployment.capacity.sweep import CapacitySearch, SweepResult
-from tuner.errors import ConfigError
+from tuner.errors import ArtifactError, ConfigError
 from tuner.plan.sizing import (
     CAPACITY_DIR,
     CapacityRecord,
@@ -106,6 +113,11 @@ def capacity_command(request: CapacityRequest, progress: Progress) -> int:
     choice = _choice(review, request)
     config = stored_config(review.config, review.name)
     _check_slo(config)
+    # The study's own stamp, so that a rehearsal's capacity reads as its report and export do;
+    # its server (the stored config's) is the simulated host again, so every window is one.
+    simulated = review.simulated
+    if simulated:  # first on the terminal too: the progress lines come before the result
+        progress(simulated)
     launch = search_space.to_launch(choice.params, search_space.flatten(config.search_space))
     folder = review.paths.root / CAPACITY_DIR
     start = _start_rate(request, choice)
@@ -122,9 +134,9 @@ def capacity_command(request: CapacityRequest, progress: Progress) -> int:
     record = _record(review, choice, config, found, {**config.server.args, **launch.args})
     if request.target_rps is not None and found.max_rps > 0:
         record.sizing = _sizing(request, review, config, record, cpus)
-    path = write_capacity(review.paths.root, record)
-    write_goodput_png(record, folder / "goodput.png")
-    print("\n".join(summary(record)))
+    path = _write(review.paths.root, record, simulated)
+    write_goodput_png(record, folder / "goodput.png", simulated)
+    print("\n".join(summary(record, simulated)))
     print(f"result: {path}, {folder / 'goodput.png'}")
     return 0 if found.max_rps > 0 else 1
 
@@ -150,6 +162,23 @@ def _record(
         devices=devices,
         confirmed=found.confirmed,
     )
+
+
+def _write(study_root: Path, record: CapacityRecord, simulated: str | None) -> Path:
+    """``capacity.json``; a rehearsal's opens with its stamp under "simulated", the first key of
+    its evidence.json and check.json too, so that no reader of the file takes it for a measurement.
+    """
+    path = write_capacity(study_root, record)  # the folder, the file, and their errors
+    if not simulated:
+        return path
+    stamped = {"simulated": simulated, **record.to_dict()}
+    tmp = path.with_suffix(".tmp")
+    try:  # replaced whole, as write_capacity does: a reader never sees half a file
+        tmp.write_text(json.dumps(stamped, indent=2, default=str) + "\n")
+        os.replace(tmp, path)
+    except OSError as exc:
+        raise ArtifactError(f"cannot write {path}: {exc.strerror or exc}") from exc
+    return path
 
 
 def _sizing(
@@ -178,11 +207,13 @@ def _second(record: CapacityRecord) -> str:
     return f"  {said}; the uncertainty is the search's resolution, not this host's noise"
 
 
-def summary(record: CapacityRecord) -> list[str]:
-    """What the search found, in words a capacity plan can quote."""
+def summary(record: CapacityRecord, simulated: str | None = None) -> list[str]:
+    """What the search found, in words a capacity plan can quote; a rehearsal's (``simulated``,
+    the study's stamp) opens with that stamp, and its rate is "simulated", never "measured"."""
+    head = [simulated] if simulated else []
     if record.max_rps <= 0:
         lowest = min((s.offered_rps for s in record.steps), default=0.0)
-        return [f"capacity: no rate met the SLOs, down to {lowest:.3g} req/s"]
+        return [*head, f"capacity: no rate met the SLOs, down to {lowest:.3g} req/s"]
     if math.isinf(record.upper_rps):
         bound = "every rate measured met the SLOs: raise --max-steps or --start-rps for a bound"
     else:
@@ -190,7 +221,11 @@ def summary(record: CapacityRecord) -> list[str]:
             f"the SLOs break between {record.max_rps:.3g} and {record.upper_rps:.3g} req/s "
             f"(uncertainty {record.uncertainty_rps:.2g} req/s)"
         )
-    lines = [f"capacity of {record.choice}: {record.max_rps:.3g} req/s; {bound}", _second(record)]
+    lines = [
+        *head,
+        f"capacity of {record.choice}: {record.max_rps:.3g} req/s; {bound}",
+        _second(record),
+    ]
     if record.sizing is not None:
-        lines += record.sizing.lines("measured")
+        lines += record.sizing.lines("simulated" if simulated else "measured")
     return lines

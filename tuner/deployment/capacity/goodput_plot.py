@@ -10,7 +10,9 @@ from tuner.errors import ArtifactError
 from tuner.plan.sizing import CapacityRecord
 
 
-def write_goodput_png(record: CapacityRecord, path: Path) -> None:
+def write_goodput_png(record: CapacityRecord, path: Path, simulated: str | None = None) -> None:
+    """The curve; a rehearsal's (``simulated``: its study's stamp) is titled SIMULATED, since a
+    figure is quoted without the text around it."""
     import matplotlib
 
     matplotlib.use("Agg")  # no display: capacity runs on servers
@@ -41,7 +43,8 @@ def write_goodput_png(record: CapacityRecord, path: Path) -> None:
         )
     ax.set_xlabel("offered rate (req/s, open loop)")
     ax.set_ylabel("req/s")
-    ax.set_title(f"{record.study}: {record.choice}", fontsize=9)
+    title = f"{record.study}: {record.choice}"
+    ax.set_title(f"SIMULATED rehearsal: {title}" if simulated else title, fontsize=9)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
