@@ -171,6 +171,12 @@ def test_the_capacity_record_round_trips(tmp_path: Path) -> None:
     back = read_capacity(tmp_path)
     assert back is not None and back.upper_rps == math.inf and back.steps == record.steps
     assert read_capacity(tmp_path / "none") is None
+    # a rehearsal's capacity.json opens with its SIMULATED stamp: export still reads it back
+    path = tmp_path / "capacity" / "capacity.json"
+    stamped = {"simulated": "SIMULATED: a rehearsal", **json.loads(path.read_text())}
+    path.write_text(json.dumps(stamped))
+    again = read_capacity(tmp_path)
+    assert again is not None and again.steps == record.steps
 
 
 @pytest.mark.parametrize(

@@ -164,6 +164,7 @@ class CapacityRecord:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> CapacityRecord:
         values = dict(data)
+        values.pop("simulated", None)  # a rehearsal's stamp (tuner capacity), not a field
         values["steps"] = [CapacityStep(**s) for s in values.get("steps") or []]
         upper = values.get("upper_rps")
         values["upper_rps"] = math.inf if upper is None else float(upper)
