@@ -125,10 +125,17 @@ class StudyAttr:
 
 METRIC_PREFIX: Final = "m_"  # flat measurements: m_e2e_p99_s, m_output_token_rate, ...
 QUALITY_PREFIX: Final = "q_"  # quality scores: q_token_agreement, ...
+# One request class's flat measurements: m_class_<class>_ttft_p99_s, m_class_<class>_goodput_req_s
+CLASS_METRIC_PREFIX: Final = f"{METRIC_PREFIX}class_"
 
 
 def metric_attr(name: str) -> str:
     return f"{METRIC_PREFIX}{name}"
+
+
+def class_metric_attr(request_class: str, name: str) -> str:
+    """The attr of the flat measurement ``name`` of one request class of the workload."""
+    return f"{CLASS_METRIC_PREFIX}{request_class}_{name}"
 
 
 def quality_attr(metric: str) -> str:

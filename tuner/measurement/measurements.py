@@ -18,6 +18,10 @@ from tuner.measurement.records import ERROR_KINDS
 
 LATENCY_METRICS = ("ttft", "tpot", "itl", "e2e")
 STAT_NAMES = ("mean", "p50", "p90", "p95", "p99", "min", "max")
+# What a request class's flat view holds: the tail the SLOs speak of, not every statistic, so
+# a workload of several classes does not multiply the storage's columns by the full set.
+CLASS_LATENCY_METRICS = ("ttft", "tpot", "e2e")
+CLASS_STAT_NAMES = ("p50", "p95", "p99")
 
 
 @dataclass
@@ -60,6 +64,52 @@ class MetricStats:
 
 
 @dataclass
+class ClassStats:
+    """One request class's share of a window: the requests of that class sent in it.
+
+    Rates are over the whole window, so the classes' throughputs add up to the totals."""
+
+    ttft: MetricStats
+    tpot: MetricStats
+    e2e: MetricStats
+    requests_started: int
+    completed: int
+    failed: int
+    error_rate: float
+    output_throughput: float  # output tok/s of this class's completed requests
+    goodput: float  # req/s of this class that met every set SLO
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ClassStats:
+        values = dict(data)
+        for name in CLASS_LATENCY_METRICS:
+            values[name] = MetricStats.from_dict(values.get(name) or {})
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in values.items() if k in known})
+
+    def flat(self) -> dict[str, float]:
+        """``name_unit -> float`` as :meth:`Measurements.flat` names them; NaN = no data."""
+        out: dict[str, float] = {}
+        for name in CLASS_LATENCY_METRICS:
+            stats: MetricStats = getattr(self, name)
+            out[f"{name}_n"] = float(stats.n)
+            for stat in CLASS_STAT_NAMES:
+                out[f"{name}_{stat}_s"] = _nan_if_none(getattr(stats, stat))
+        out.update(
+            requests_started=float(self.requests_started),
+            completed=float(self.completed),
+            failed=float(self.failed),
+            error_rate=self.error_rate,
+            output_throughput_tok_s=self.output_throughput,
+            goodput_req_s=self.goodput,
+        )
+        return out
+
+
+@dataclass
 class Measurements:
     """Everything one measurement window says about the server under a workload."""
 
@@ -98,6 +148,9 @@ class Measurements:
     # is measured again with more processes and never scored (tuner.loadgen.client_capacity).
     client_processes: int = 0
     client_events_s: float | None = None
+    # The same window split by each record's request_class (stats.measure); empty in a
+    # result.json written before classes were measured.
+    by_class: dict[str, ClassStats] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready nested dict (None for missing statistics, never NaN)."""
@@ -110,6 +163,8 @@ class Measurements:
             values[name] = MetricStats.from_dict(values[name])
         values["errors_by_kind"] = dict(values.get("errors_by_kind", {}))
         values["warnings"] = list(values.get("warnings", []))
+        classes = values.get("by_class") or {}
+        values["by_class"] = {name: ClassStats.from_dict(c) for name, c in classes.items()}
         known = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in values.items() if k in known})
 
@@ -142,6 +197,11 @@ class Measurements:
         for kind in sorted(set(ERROR_KINDS) | set(self.errors_by_kind)):
             out[f"errors_{kind}"] = float(self.errors_by_kind.get(kind, 0))
         return out
+
+    def class_flat(self) -> dict[str, dict[str, float]]:
+        """:meth:`ClassStats.flat` of each request class; kept apart from :meth:`flat` so the
+        totals' columns stay the same for every workload."""
+        return {name: stats.flat() for name, stats in self.by_class.items()}
 
     def table(self) -> pd.DataFrame:
         """Latency summary for printing: rows ttft/tpot/itl/e2e, columns mean p50 p90 p95 p99 n."""

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from tuner.config import SloConfig
-from tuner.measurement.measurements import Measurements, MetricStats
+from tuner.measurement.measurements import ClassStats, Measurements, MetricStats
 from tuner.measurement.records import ERROR_STREAM, PHASE_MEASURE, RequestRecord
 
 # A distribution-free two-sided 95 % CI for P99 whose upper end is the sample maximum exists only
@@ -100,11 +100,14 @@ class _Sample:
     failures: list[RequestRecord]
 
 
-def _split(records: Iterable[RequestRecord], start: float, end: float) -> _Sample:
-    started = [r for r in records if _in_window(r, start, end)]
+def _sample_of(started: list[RequestRecord]) -> _Sample:
     done = [r for r in started if _is_completed(r)]
     failures = [r for r in started if not _is_completed(r)]
     return _Sample(started, done, failures)
+
+
+def _split(records: Iterable[RequestRecord], start: float, end: float) -> _Sample:
+    return _sample_of([r for r in records if _in_window(r, start, end)])
 
 
 def _latency_stats(done: list[RequestRecord]) -> dict[str, MetricStats]:
@@ -245,6 +248,32 @@ def _warnings(
     return out
 
 
+def _class_stats(sample: _Sample, window_s: float, slo: SloConfig) -> ClassStats:
+    # The same functions as the totals, on the class's part of the window: one definition.
+    stats = _latency_stats(sample.done)
+    _, out_tput, _, goodput = _throughputs(sample, window_s, slo)
+    started, failed = len(sample.started), len(sample.failures)
+    return ClassStats(
+        ttft=stats["ttft"],
+        tpot=stats["tpot"],
+        e2e=stats["e2e"],
+        requests_started=started,
+        completed=len(sample.done),
+        failed=failed,
+        error_rate=failed / started if started else 0.0,
+        output_throughput=out_tput,
+        goodput=goodput,
+    )
+
+
+def _by_class(sample: _Sample, window_s: float, slo: SloConfig) -> dict[str, ClassStats]:
+    """Each request class's stats over the window's requests of that class, by name."""
+    groups: dict[str, list[RequestRecord]] = {}
+    for rec in sample.started:
+        groups.setdefault(rec.request_class, []).append(rec)
+    return {name: _class_stats(_sample_of(groups[name]), window_s, slo) for name in sorted(groups)}
+
+
 def _late_sends(started: list[RequestRecord]) -> int:
     return sum(1 for r in started if r.sent_at - r.scheduled_at > DISPATCH_LAG_WARN_S)
 
@@ -294,4 +323,5 @@ def measure(
         window_slices=window_slices(records, window_start, window_end),
         late_sends=_late_sends(sample.started),
         warnings=_warnings(sample, stats, lag_p99, window_s),
+        by_class=_by_class(sample, window_s, slo),
     )

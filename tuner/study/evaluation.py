@@ -17,8 +17,9 @@ import optuna
 
 from tuner.config import TunerConfig
 from tuner.host.placement import cpus_text
+from tuner.measurement.measurements import Measurements
 from tuner.quality import context_excess, quality_attrs
-from tuner.schema import TrialAttr, TrialStatus, metric_attr
+from tuner.schema import TrialAttr, TrialStatus, class_metric_attr, metric_attr
 from tuner.scoring import objective as obj
 from tuner.scoring.feasibility import meets
 from tuner.search.checks import devices_needed
@@ -68,6 +69,7 @@ class Evaluated:
         if m is not None:
             attrs.update({metric_attr(k): _finite(v) for k, v in m.flat().items()})
             attrs[TrialAttr.WINDOW_SLICES] = [round(v, 2) for v in m.window_slices]
+            attrs.update(class_attrs(m))
         attrs.update(quality_attrs(o.quality))
         return attrs
 
@@ -86,6 +88,17 @@ class Evaluated:
             trial.set_user_attr(key, value)
         for key, value in self.constraints.items():
             trial.set_constraint(key, value)
+
+
+def class_attrs(m: Measurements) -> dict[str, float]:
+    """Each request class's flat measurements as attrs, only the finite ones: a class with no
+    latency (all its requests failed) has no latency columns rather than a "nan" string."""
+    return {
+        class_metric_attr(name, key): value
+        for name, flat in m.class_flat().items()
+        for key, value in flat.items()
+        if math.isfinite(value)
+    }
 
 
 def _plain(value: Any) -> Any:
