@@ -34,6 +34,7 @@ from tuner.paths import safe_name
 from tuner.plan.sizing import read_capacity
 from tuner.redact import Redactor
 from tuner.review.evidence import Evidence, build_evidence, windows_line
+from tuner.review.slos import HandoverSlos
 from tuner.review.stored import Choice, Review, study_redactor
 
 
@@ -267,6 +268,8 @@ def export_choices(
         plan = (evidence.data.get("check") or {}).get("windows")
         if plan:  # how many windows the evidence holds, and whether a check can resolve with them
             print(redactor.text(f"{choice.label}: {windows_line(plan)}"))
+        if slos := evidence.data.get("slos"):  # an SLO only met on the mean is said here too
+            print(redactor.text(f"{choice.label}: {HandoverSlos.from_dict(slos).line()}"))
     return written
 
 

@@ -3,7 +3,9 @@
 Every export carries it: in full as ``evidence.json``, and as a few summary lines at the top of
 each file (comments, or annotations in Kubernetes). Everything comes from the storage: the
 trial's flat measurements (``m_*`` user attrs), the baseline, the stage decision, and the
-baseline study's fingerprint (SLO, workload, hardware, vLLM version).
+baseline study's fingerprint (SLO, workload, hardware, vLLM version). Its ``slos`` block is what
+the configuration claims of each SLO and how sure its windows are (tuner/review/slos.py): a
+hand-over met only on the mean of a few windows may well miss the SLO in production.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from typing import Any
 
 from tuner.config import CheckConfig
 from tuner.review.diagnosis import diagnose
+from tuner.review.slos import HandoverSlos, handover_slos, summary_line
 from tuner.review.stored import Choice, Review, TrialView
 from tuner.schema import Role
 from tuner.search.checks import devices_needed
@@ -128,6 +131,7 @@ def build_evidence(review: Review, choice: Choice, now: dt.datetime | None = Non
         "confirmation": _confirmation(choice.decision),
         "bottleneck": diagnosis.line() if diagnosis else None,
         "slo": fp.get("slo"),
+        "slos": handover_slos(review, choice.params).to_dict(),
         "workload": fp.get("workload"),
         "hardware": fp.get("hardware"),
         "vllm": fp.get("vllm") or (view.result.get("server", {}).get("version") if view else None),
@@ -273,12 +277,19 @@ def summary_lines(data: dict[str, Any]) -> list[str]:
             if v["change_pct"] is not None and k in data["objectives"]
         ),
         f"SLO: {_slo_text(data.get('slo') or {})}; workload: {_workload_text(data)}",
+        *_claim_lines(data.get("slos")),
         f"hardware: {_hardware_text(data.get('hardware') or {})}; vLLM: {data.get('vllm')}",
         f"bottleneck: {data.get('bottleneck')}; full evidence: evidence.json",
     ]
     if (data.get("check") or {}).get("windows"):
         lines.append(windows_line(data["check"]["windows"]))
     return lines
+
+
+def _claim_lines(block: dict[str, Any] | None) -> list[str]:
+    """One line per SLO: what the windows claim of it and how sure they are (none for
+    evidence written before the claims were)."""
+    return [summary_line(c) for c in HandoverSlos.from_dict(block).shown()] if block else []
 
 
 def _slo_text(slo: dict[str, Any]) -> str:
