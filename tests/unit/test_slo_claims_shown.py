@@ -16,6 +16,8 @@ from tests.fakes import stored_study as fake
 from tests.fakes.kept_study import kept_decision, make_kept_study
 from tuner.export.serve import export_choices
 from tuner.review.evidence import build_evidence
+from tuner.review.render import html_page, note_markdown, summary_text
+from tuner.review.report import build_report
 from tuner.review.stored import Review, open_review
 from tuner.schema import StudyAttr, baseline_study, stage_study
 from tuner.scoring.confidence import SloClaim, claims
@@ -161,3 +163,36 @@ def test_export_says_an_undecided_slo(
     assert "SLOs of the hand-over: UNDECIDED: slo_p99_e2e not shown met with 90% confidence" in out
     script = (tmp_path / "out" / "vllm-serve.sh").read_text()
     assert "SLO UNDECIDED: slo_p99_e2e undecided" in script  # the header of the exported file
+
+
+# -- report.html, the terminal summary and the dashboard note -----------------------------------
+
+
+def test_the_note_and_the_page_show_an_undecided_slo_in_words(accepted: Review) -> None:
+    report = build_report(accepted, figures=False)
+    note, page, text = note_markdown(report), html_page(report), summary_text(report)
+    assert "### SLOs of the hand-over" in note
+    assert "| SLO | margin | confidence | status | windows |" in note
+    assert "| slo_p99_e2e | +1.0% | 70% (asked 90%) | UNDECIDED | 4 |" in note
+    assert "**UNDECIDED: slo_p99_e2e not shown met with 90% confidence" in note
+    table = page.split("<h2 id='slos'>SLOs of the hand-over</h2>", 1)[1].split("</table>", 1)[0]
+    assert "<b>UNDECIDED: slo_p99_e2e" in table
+    for cell in ("slo_p99_e2e", "+1.0%", "70% (asked 90%)", "UNDECIDED", "4"):
+        assert f"<td>{cell}</td>" in table
+    for shown in (note, page, text):
+        assert (
+            "SLOs of the hand-over: UNDECIDED: slo_p99_e2e not shown met with 90% confidence "
+            "(more windows decide it); slo_p99_e2e UNDECIDED: margin +1.0%, "
+            "confidence 70% (asked 90%)"
+        ) in shown
+
+
+def test_the_note_says_a_missed_slo_and_a_met_one_plainly(kept: Review, tmp_path: Path) -> None:
+    missed = note_markdown(build_report(kept, figures=False))
+    assert "| slo_p99_e2e | -5.0% | 2% (asked 90%) | MISSED | 5 |" in missed
+    assert "**MISSED: slo_p99_e2e" in missed
+    _store(kept.storage_url, "kept:memory", replace(kept_decision(), incumbent_slos=[MET]))
+    met = note_markdown(build_report(open_review("kept", studies_dir=tmp_path), figures=False))
+    assert "| slo_p99_e2e | +20.0% | 100% (asked 90%) | met | 2 |" in met
+    assert "every SLO met with 90% confidence" in met
+    assert "UNDECIDED" not in met and "MISSED" not in met

@@ -17,7 +17,8 @@ from tuner.errors import ArtifactError
 from tuner.redact import Redactor
 from tuner.review.diagnosis import RULE_MEANINGS
 from tuner.review.report import Report, build_report
-from tuner.review.report_tables import SearchWindow, StageOutcome
+from tuner.review.report_tables import SearchWindow, StageOutcome, slos_frame
+from tuner.review.slos import COLUMNS, HandoverSlos
 from tuner.review.stored import open_review, study_redactor
 
 FIGURE_TITLES = {
@@ -80,6 +81,7 @@ def headline(report: Report) -> list[str]:
     lines += [stage_line(o, r.objectives) for o in report.outcomes]
     choice = r.choice()
     lines.append(f"best config: {choice.label}: {choice.params or '(fixed args only)'}")
+    lines.append(report.slos.line())
     return lines
 
 
@@ -105,6 +107,7 @@ def note_markdown(report: Report) -> str:
     r = report.review
     out = [f"## tuner study `{r.name}`", ""]
     out += [f"- {line}" for line in headline(report)]
+    out += _slos_markdown(report.slos)
     t = report.trials
     if not t.empty:
         out += [
@@ -125,6 +128,18 @@ def note_markdown(report: Report) -> str:
         "each measured trial. `tuner report` and `tuner export` give the rest.",
     ]
     return "\n".join(out) + "\n"
+
+
+def _slos_markdown(slos: HandoverSlos) -> list[str]:
+    """The note's table "SLOs of the hand-over", its verdict in words above it."""
+    verdict = slos.verdict() if slos.all_met else f"**{slos.verdict()}**"
+    out = ["", "### SLOs of the hand-over", "", verdict]
+    frame = slos_frame(slos)
+    if frame.empty:
+        return out
+    out += ["", f"| {' | '.join(COLUMNS)} |", "|" + "---|" * len(COLUMNS)]
+    out += [f"| {' | '.join(str(cell) for cell in r)} |" for r in frame.itertuples(index=False)]
+    return out
 
 
 def _table(frame: pd.DataFrame) -> str:
@@ -161,6 +176,14 @@ ul.summary li{margin:.2em 0} ul.legend{font-size:13px}
 """
 
 
+SLOS_NOTE = (
+    "<p>Each SLO as the study judged it: <b>margin</b>, how far under its limit the mean of "
+    "the windows is (negative: over it); <b>confidence</b>, how sure those windows are that it "
+    "is met, their spread pooled over every configuration measured more than once. "
+    "<b>met</b>: at the confidence asked (study.slo_confidence); <b>MISSED</b>: over it at that "
+    "confidence; <b>UNDECIDED</b>: the windows cannot tell, and the configuration is not handed "
+    "over as meeting it until more windows decide.</p>"
+)
 BASELINE_NOTE = (
     "<p>Every comparison with the baseline uses its mean over all its measured windows: one "
     "window can sit far from the configuration's level on a shared machine.</p>"
@@ -193,6 +216,7 @@ def html_page(report: Report) -> str:
         + (f"<p class='simulated'><b>{html.escape(stamp)}</b></p>" if stamp else "")
         + f"<h1>tuner report: {html.escape(report.review.name)}</h1>"
         f"<ul class='summary'>{summary}</ul>"
+        f"{_slos_html(report.slos)}"
         f"<h2>Figures</h2>{figures}"
         f"<h2>Baseline: mean of its windows</h2>{BASELINE_NOTE}"
         f"<div class='scroll'>{_table(report.baseline)}</div>"
@@ -203,6 +227,16 @@ def html_page(report: Report) -> str:
         f"{_estimates(report)}"
         "<h2>All trials</h2><p>Every column of every trial: trials.csv, trials.parquet.</p>"
         "</body></html>\n"
+    )
+
+
+def _slos_html(slos: HandoverSlos) -> str:
+    """The page's table "SLOs of the hand-over", its verdict in words (bold unless all met)."""
+    verdict = html.escape(slos.verdict())
+    shown = verdict if slos.all_met else f"<b>{verdict}</b>"
+    return (
+        f"<h2 id='slos'>SLOs of the hand-over</h2><p>{shown}</p>{SLOS_NOTE}"
+        f"<div class='scroll'>{_table(slos_frame(slos))}</div>"
     )
 
 

@@ -33,6 +33,7 @@ from tuner.review.report_tables import (
     stages_frame,
     trials_frame,
 )
+from tuner.review.slos import HandoverSlos, handover_slos
 from tuner.review.stored import Review, TrialView
 from tuner.schema import Role, TrialAttr
 
@@ -55,6 +56,8 @@ class Report:
     failures: pd.DataFrame
     importances: dict[str, dict[str, float]]
     estimates: EstimateCheck | None = None  # with study.prescreen: the plan against the trials
+    # what the hand-over claims of each SLO, and how sure its windows are
+    slos: HandoverSlos = field(default_factory=HandoverSlos)
     data: FigureData | None = None
     figures: dict[str, bytes] = field(default_factory=dict)
 
@@ -74,6 +77,7 @@ def build_report(review: Review, figures: bool = True) -> Report:
         failures,
         imps,
         estimate_check(review),
+        handover_slos(review, review.choice().params),
     )
     if figures:
         report.data = figure_data(report)

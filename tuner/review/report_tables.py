@@ -3,8 +3,9 @@ the failures, and each stage's parameter importances.
 
 Tables: :func:`trials_frame` (one row per measurement: a reused one is listed where it was
 taken), :func:`baseline_frame`, :func:`stages_frame` (from :func:`stage_outcomes`),
-:func:`failures_frame`; :func:`importances` feeds the importances figure. Every comparison with
-the baseline uses its mean over all its measured windows (see :mod:`tuner.review.report`).
+:func:`failures_frame`, :func:`slos_frame` (the hand-over's SLOs); :func:`importances` feeds
+the importances figure. Every comparison with the baseline uses its mean over all its measured
+windows (see :mod:`tuner.review.report`).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import pandas as pd
 from optuna.distributions import BaseDistribution
 
 from tuner.review.diagnosis import diagnose
+from tuner.review.slos import COLUMNS, HandoverSlos, row
 from tuner.review.stored import Review, TrialView, nondominated
 from tuner.schema import Role, TrialAttr
 from tuner.scoring.feasibility import mean_constraints, meets
@@ -128,6 +130,12 @@ def baseline_frame(review: Review) -> pd.DataFrame:
         low, high = min(found, default=None), max(found, default=None)
         rows.append([n, review.baseline_mean(n), low, high, len(found)])
     return pd.DataFrame(rows, columns=["objective", "mean", "min", "max", "windows"])
+
+
+def slos_frame(slos: HandoverSlos) -> pd.DataFrame:
+    """ "SLOs of the hand-over": per SLO its margin, the confidence of its windows, its status
+    (met, UNDECIDED, MISSED) and how many windows it rests on; as words, ready to print."""
+    return pd.DataFrame([row(c) for c in slos.shown()], columns=COLUMNS)
 
 
 # -- stages ----------------------------------------------------------------------------------
