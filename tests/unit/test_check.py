@@ -23,6 +23,7 @@ from tuner.deployment.check import (
     PASS,
     REGRESSION,
     CheckResult,
+    evidence_slo_target,
     objective_row,
     table,
     verdict_rows,
@@ -33,6 +34,7 @@ from tuner.deployment.check.evidence_file import read_reference, tokenizer_for
 from tuner.errors import ConfigError
 from tuner.measurement.stats import Measurements, MetricStats
 from tuner.redact import Redactor
+from tuner.scoring.confidence import claims
 from tuner.study.noise import NoiseEstimate
 
 NOISE = NoiseEstimate(0.05, 6)  # 5 % between repeats, known from 6 degrees of freedom
@@ -217,3 +219,51 @@ def test_evidence_without_a_check_block_says_to_export_again(
     path = write_evidence(tmp_path / "old.json", old)
     assert main(["check", "--url", "http://127.0.0.1:9", "--evidence", str(path)]) == 2
     assert "export the study again" in capsys.readouterr().err
+
+
+# -- an SLO's margin and confidence, from the check's own windows -------------------------------
+
+
+def test_an_slo_row_gives_its_margin_and_confidence_at_the_evidences_target(
+    tmp_path: Path,
+) -> None:
+    data = {**evidence(), "slos": {"target": 0.95, "claims": []}}
+    path = write_evidence(tmp_path / "e.json", data)
+    assert evidence_slo_target(path) == 0.95
+    ref = read_reference(path)
+    windows = [measurements(1000.0, p99) for p99 in (1.8, 1.9, 1.7)]  # 5-15 % under 2 s
+    rows = {r.name: r for r in verdict_rows(ref, windows, slo_target=0.95)}
+    e2e = rows["slo_p99_e2e"]
+    per_window = [{"slo_p99_e2e": p99 / 2.0 - 1} for p99 in (1.8, 1.9, 1.7)]
+    (claim,) = claims(per_window, [], 0.95)
+    assert e2e.verdict == "met" and e2e.margin == pytest.approx(0.1)
+    assert e2e.confidence == pytest.approx(claim.confidence) and claim.status == "met"
+    assert "margin +10.0%" in e2e.detail and "sure it is met (asked 95%)" in e2e.detail
+    assert rows["output_throughput"].margin is None  # an objective has none
+    result = CheckResult(ref, "http://h:1", windows, list(rows.values()), 9)
+    stored = json.loads(Path(write_outputs(result, tmp_path / "o", Redactor())["json"]).read_text())
+    slo = next(r for r in stored["rows"] if r["name"] == "slo_p99_e2e")
+    assert slo["margin"] == pytest.approx(0.1) and slo["confidence"] == pytest.approx(
+        e2e.confidence
+    )
+    assert "slo slo_p99_e2e: mean over 3 windows" in table(result)
+
+
+def test_an_slo_met_on_the_mean_stays_met_and_says_it_is_undecided(tmp_path: Path) -> None:
+    ref = read_reference(write_evidence(tmp_path / "e.json", evidence()))
+    windows = [measurements(1000.0, p99) for p99 in (1.9, 2.1, 1.96)]  # 0.7 % under on the mean
+    e2e = next(r for r in verdict_rows(ref, windows) if r.name == "slo_p99_e2e")
+    assert e2e.verdict == "met" and not e2e.failed  # the verdict is the mean's, as before
+    assert e2e.confidence is not None and 0.1 < e2e.confidence < 0.9
+    assert "UNDECIDED at that confidence" in e2e.detail and "(asked 90%)" in e2e.detail
+    one = next(r for r in verdict_rows(ref, windows[:1]) if r.name == "slo_p99_e2e")
+    assert one.confidence is None and "confidence unknown" in one.detail
+
+
+def test_evidence_without_slos_asks_90_percent_and_a_bad_target_is_refused(
+    tmp_path: Path,
+) -> None:
+    assert evidence_slo_target(write_evidence(tmp_path / "old.json", evidence())) == 0.9
+    bad = write_evidence(tmp_path / "bad.json", {**evidence(), "slos": {"target": 1.5}})
+    with pytest.raises(ConfigError, match=r"slos.target must be in \(0.5, 1\)"):
+        evidence_slo_target(bad)

@@ -14,7 +14,10 @@ and judges each objective and SLO:
   regressed nor improved and cannot resolve the evidence's ``check.resolve`` (20 % unless the
   study set it) reads UNRESOLVED with the windows it would need, never PASS: a PASS that could
   not have seen a doubled P99 would tell the user there is no regression;
-- an SLO fails when the deployment misses it on the mean of its windows.
+- an SLO fails when the deployment misses it on the mean of its windows; its row also states
+  its margin and how sure the check's own windows are that it is met (their spread, as the
+  study judges a claim: tuner/scoring/confidence.py, at the confidence the evidence's study
+  asked), so a pass on the edge of an SLO reads as one.
 
 The check measures ``--windows`` windows, then more while an unresolved row could be resolved
 within ``--max-windows``.
@@ -38,6 +41,7 @@ from typing import Any
 import numpy as np
 
 from tuner.config import check_http_url
+from tuner.config.study import StudyConfig
 from tuner.deployment.check.endpoint import (
     Say,
     api_key_from,
@@ -51,11 +55,13 @@ from tuner.deployment.junit import Case, junit_xml, write_text
 from tuner.errors import ConfigError
 from tuner.measurement.stats import Measurements
 from tuner.redact import Redactor
+from tuner.scoring.confidence import SloClaim, SloStatus, claims
 from tuner.study.noise import NoiseEstimate
 
 PASS, BETTER, REGRESSION, UNRESOLVED = "pass", "better", "regression", "unresolved"
 MET, VIOLATED = "met", "violated"
 EXIT_PASS, EXIT_REGRESSION, EXIT_UNRESOLVED = 0, 1, 3
+DEFAULT_SLO_TARGET = StudyConfig.slo_confidence  # evidence written before the study stated it
 
 
 @dataclass(frozen=True)
@@ -86,6 +92,8 @@ class Row:
     detail: str
     resolution: float | None = None  # the smallest change this row detects (objectives)
     needs: int | None = None  # more windows that would resolve it (None: none would, here)
+    margin: float | None = None  # an SLO's: how far under its limit the mean is (< 0: over)
+    confidence: float | None = None  # an SLO's: how sure the windows are (None: no spread yet)
 
     @property
     def failed(self) -> bool:
@@ -236,9 +244,13 @@ def _deployment_side(
 
 
 def verdict_rows(
-    reference: Reference, windows: Sequence[Measurements], resolve: float | None = None
+    reference: Reference,
+    windows: Sequence[Measurements],
+    resolve: float | None = None,
+    slo_target: float = DEFAULT_SLO_TARGET,
 ) -> list[Row]:
-    """Every objective's and set SLO's row; ``resolve`` overrides the evidence's targets."""
+    """Every objective's and set SLO's row; ``resolve`` overrides the evidence's targets;
+    ``slo_target`` is the confidence an SLO's claim is stated against."""
     rows = []
     scoring = reference.scoring
     values = [scoring.values(m) for m in windows]
@@ -254,11 +266,56 @@ def verdict_rows(
                 resolve if resolve is not None else reference.resolve_of(name),
             )
         )
+    # each window's own violations: the claim's spread is the check's windows' alone, since
+    # the deployment is judged as it runs, not pooled with the study's configurations
+    found = {c.name: c for c in claims([scoring.violations([m]) for m in windows], [], slo_target)}
     for name, violation in scoring.violations(windows).items():
-        verdict = MET if violation <= 0 else VIOLATED
-        detail = f"mean over {len(windows)} windows {violation:+.1%} of its limit (<= 0 met)"
-        rows.append(Row("slo", name, None, violation, None, None, verdict, detail))
+        rows.append(slo_row(name, violation, len(windows), found.get(name)))
     return rows
+
+
+def slo_row(name: str, violation: float, windows: int, claim: SloClaim | None) -> Row:
+    """Met or violated on the mean of the windows (the verdict); the detail adds the margin
+    and the confidence of ``claim``, the same windows judged as the study judges a claim."""
+    verdict = MET if violation <= 0 else VIOLATED
+    detail = f"mean over {windows} windows {violation:+.1%} of its limit (<= 0 met)"
+    if claim is None:
+        return Row("slo", name, None, violation, None, None, verdict, detail)
+    margin = claim.margin if math.isfinite(claim.margin) else None
+    detail += f"; margin {claim.margin:+.1%}, {_sure_text(claim)}"
+    sure = claim.confidence
+    return Row(
+        "slo", name, None, violation, None, None, verdict, detail, margin=margin, confidence=sure
+    )
+
+
+def _sure_text(claim: SloClaim) -> str:
+    """How sure the windows are that the SLO is met, and what that says at the confidence
+    asked: a met verdict whose claim is UNDECIDED sits on the SLO's edge."""
+    if claim.confidence is None:
+        return "confidence unknown (these windows give no spread yet)"
+    asked = f"{claim.confidence:.0%} sure it is met (asked {claim.target:.0%})"
+    words = {
+        SloStatus.MET: "met at that confidence",
+        SloStatus.MISSED: "MISSED at that confidence",
+        SloStatus.UNDECIDED: "UNDECIDED at that confidence (more windows decide it)",
+    }
+    return f"{asked}: {words[claim.status]}"
+
+
+def evidence_slo_target(path: Path) -> float:
+    """The confidence the study asked of its SLOs, from the evidence's ``slos`` block (0.9 in
+    evidence written before the block was)."""
+    try:
+        block = json.loads(path.read_text(encoding="utf-8")).get("slos") or {}
+        target = float(block.get("target", DEFAULT_SLO_TARGET))
+    except (OSError, ValueError, TypeError, AttributeError):
+        raise ConfigError(
+            f"--evidence {path}: its slos block is not one a check can read"
+        ) from None
+    if not 0.5 < target < 1:
+        raise ConfigError(f"--evidence {path}: slos.target must be in (0.5, 1), got {target}")
+    return target
 
 
 def check_options(options: CheckOptions) -> None:
@@ -291,6 +348,7 @@ def run_check(options: CheckOptions, say: Say) -> CheckResult:
     ``options.max_windows``) would resolve a row, and judge it against the evidence."""
     check_options(options)
     reference = read_reference(options.evidence)
+    target = evidence_slo_target(options.evidence)
     api_key = api_key_from(options.api_key_env)
     tokenizer = tokenizer_for(reference, options.tokenizer)
     endpoint = open_endpoint(options.url, api_key, reference.model_names, options.wait_s)
@@ -304,7 +362,7 @@ def run_check(options: CheckOptions, say: Say) -> CheckResult:
         m = measure_window(endpoint, tokenizer, wl, reference.slo, out, options.client_cpus)
         say(f"window {i + 1}: {m.completed} requests, {m.output_throughput:.0f} output tok/s")
         windows.append(m)
-        rows = verdict_rows(reference, windows, options.resolve)
+        rows = verdict_rows(reference, windows, options.resolve, target)
         if len(windows) == planned and (more := more_windows(rows, planned, options.max_windows)):
             planned += more
             names = ", ".join(r.name for r in rows if r.unresolved)
@@ -332,6 +390,8 @@ def table(result: CheckResult) -> str:
             f"{_pct(r.change):>9}{_pct(r.allowed, worse):>9}{_pct(r.resolution, '±'):>9}  "
             f"{r.label}"
         )
+    # an SLO's margin and confidence: a MET on the mean of a few windows may be on its edge
+    lines += [f"  slo {r.name}: {r.detail}" for r in result.rows if r.kind == "slo"]
     failed = [r.name for r in result.rows if r.failed]
     unresolved = [r.name for r in result.rows if r.unresolved]
     if failed:
