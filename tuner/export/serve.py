@@ -223,15 +223,16 @@ def with_capacity(evidence: Evidence, review: Review, choice: Choice) -> Evidenc
     if record is None or record.params != choice.params:
         return evidence
     found = {"max_rps": record.max_rps, "upper_rps": record.to_dict()["upper_rps"]}
+    how = "simulated" if review.simulated else "measured"  # a rehearsal's rate is no measurement
     if record.sizing is not None:
         found.update(asdict(record.sizing))
         evidence.lines.append(
-            f"capacity: {record.max_rps:.3g} req/s per replica (measured); "
+            f"capacity: {record.max_rps:.3g} req/s per replica ({how}); "
             f"{record.sizing.replicas} replicas for {record.sizing.target_rps:g} req/s "
             f"with {record.sizing.headroom:.0%} headroom"
         )
     else:
-        evidence.lines.append(f"capacity: {record.max_rps:.3g} req/s per replica (measured)")
+        evidence.lines.append(f"capacity: {record.max_rps:.3g} req/s per replica ({how})")
     evidence.data["capacity"] = found
     return evidence
 
