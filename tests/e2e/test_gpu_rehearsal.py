@@ -9,9 +9,10 @@ stage, one confirmation round, short windows and fewer users; the presets' SLOs 
 stand as shipped. The same test runs against real vLLM on a GPU node with
 ``TUNER_REHEARSAL_REAL=1`` (scripts/gpu_rehearsal_check.py).
 
-The simulated host's launches differ by 5 % (``TUNER_SIM_NOISE_CV``), as real GPUs' P99s do
-between launches; the exported config is then deployed on a noiseless host, the model's truth,
-and its SLOs must hold there: a hand-over the study called met with confidence is truly met.
+The one-GPU preset's simulated launches differ by 5 % (``TUNER_SIM_NOISE_CV``), as real GPUs'
+P99s do between launches; the exported config is then deployed on a noiseless host, the model's
+truth, and its SLOs must hold there: a hand-over the study called met with confidence is truly
+met.
 """
 
 from __future__ import annotations
@@ -47,13 +48,13 @@ SHRUNK = [
     "workload.window_s=3",
     "quality.enabled=false",
 ]
-# 5 % per launch: what P99 TTFT and TPOT move between launches of one config on real GPUs
-NOISE_CV = "0.05"
-SIMULATED = [
-    "server=simulated_gpu",
-    f"server.args.tokenizer={TINY_MODEL}",
-    f"server.env.TUNER_SIM_NOISE_CV={NOISE_CV}",
-]
+SIMULATED = ["server=simulated_gpu", f"server.args.tokenizer={TINY_MODEL}"]
+# Each preset's launch noise. 5 %: what P99 TTFT and TPOT move between launches of one config on
+# real GPUs. The 8-GPU preset rehearses placement instead: its 3 s windows at 16 users read
+# tokens/s in steps of a third (682, 1024, 1365), so with launch noise its one confirmation round
+# rightly leaves TP 4's gain unproven, the study keeps TP 8, and the batching stage this test
+# needs side by side never gets its GPUs.
+NOISE_CV = {"llama8b_h100": "0.05", "llama70b_8xh200": "0"}
 # The users each preset is rehearsed with. Two trials side by side, each with its host and its
 # Locust, share a 2-core CI host: the 8B's 16 users (~2,000 tokens/s at the modelled speed)
 # needed more than it had, tokens were read late, one config read 164 tokens/s per user alone
@@ -124,6 +125,7 @@ def overrides(preset: str) -> list[str]:
         f"study={preset}",
         *SHRUNK,
         *SIMULATED,
+        f"server.env.TUNER_SIM_NOISE_CV={NOISE_CV[preset]}",
         f"workload.concurrency={USERS[preset]}",
         f"study.stages={STAGES[preset]}",
     ]
@@ -225,7 +227,8 @@ def test_a_gpu_preset_walks_plan_run_report_export_capacity_check(rehearsal: Reh
     # the hand-over is claimed met with the study's confidence, not merely on a mean
     assert "every SLO met with 90% confidence" in run, run[-3000:]
     logs = [f.read_text() for f in rehearsal.study.glob("trials/*/server.log")]
-    assert REAL or (logs and all(f"noise CV {NOISE_CV}" in log for log in logs)), logs[:1]
+    noisy = float(NOISE_CV[preset]) > 0
+    assert REAL or (logs and all((f"noise CV {NOISE_CV[preset]}" in log) is noisy for log in logs))
     # the GPU wall time beside the rehearsal's own
     assert ("the same study on the simulated GPUs" in run) is not REAL
     storage = f"sqlite:///{rehearsal.study}/optuna.db"

@@ -74,12 +74,15 @@ def _crash(nodes: Cluster, node: Any) -> None:
     nodes.remove_node(node, allow_graceful=False)
 
 
-def _kill_mid_trial(nodes: Cluster, node: Any, record: Path, said: list[str]) -> None:
-    """Once the node runs its second stage trial (the first one finished there), crash it."""
+def _kill_mid_trial(
+    nodes: Cluster, node: Any, record: Path, said: list[str], done: threading.Event
+) -> None:
+    """Once the node runs its second stage trial (the first one finished there), crash it.
+    It watches for as long as the study runs: a fixed 180 s once ran out on a busy host while
+    the node's second trial had still to start."""
     raylet = psutil.Process(node.all_processes["raylet"][0].process.pid)
     mine: set[int] = set()
-    deadline = time.monotonic() + 180
-    while time.monotonic() < deadline:
+    while not done.is_set():
         with contextlib.suppress(psutil.Error):
             on_node = {p.pid for p in raylet.children(recursive=True)}
             seen = records(record)
@@ -113,11 +116,15 @@ def test_trials_spread_over_two_nodes_and_a_lost_node_costs_one_trial(
         ]
     )
     said: list[str] = []
-    killer = threading.Thread(target=_kill_mid_trial, args=(nodes, doomed, record, said))
+    done = threading.Event()
+    killer = threading.Thread(target=_kill_mid_trial, args=(nodes, doomed, record, said, done))
     killer.start()
-    with no_trial_left(timeout_s=30):
-        result = StudyRunner(config, Evaluator(config), {"t": 2}, said.append).run()
-    killer.join()
+    try:
+        with no_trial_left(timeout_s=30):
+            result = StudyRunner(config, Evaluator(config), {"t": 2}, said.append).run()
+    finally:
+        done.set()
+        killer.join()
     assert "test: crashing the node" in said
     storage = f"sqlite:///{tmp_path}/two/optuna.db"
     stage = optuna.load_study(study_name="two:batching", storage=storage)
