@@ -8,17 +8,75 @@ sizing reads the same bounds.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass, field
+from typing import Any
+
+from tuner.errors import ConfigError
+
+CLASS_SLO_METRICS = ("e2e", "ttft", "tpot")  # what an SLO of one request class may bound
+
+
+@dataclass
+class ClassSloConfig:
+    """One request class's own SLOs, in seconds (0 = not set): a chat turn needs its first
+    token fast, a document summary can wait. Each set one is a constraint of its own."""
+
+    p99_e2e_s: float = 0.0
+    p99_ttft_s: float = 0.0
+    p99_tpot_s: float = 0.0
+
+    def limits(self) -> dict[str, float]:
+        """The set ones, by metric (e2e, ttft, tpot)."""
+        values = {m: float(getattr(self, f"p99_{m}_s")) for m in CLASS_SLO_METRICS}
+        return {m: v for m, v in values.items() if v > 0}
 
 
 @dataclass
 class SloConfig:
-    """Service-level objectives, in seconds (0 = not set). Used for goodput and constraints."""
+    """Service-level objectives, in seconds (0 = not set). Used for goodput and constraints.
+    ``classes`` sets SLOs for one request class of the workload (``slo.classes.chat.p99_ttft_s``)
+    beside the ones over every request."""
 
     p99_e2e_s: float = 0.0
     p99_ttft_s: float = 0.0
     p99_tpot_s: float = 0.0
     max_error_rate: float = 0.01
+    # class -> {p99_ttft_s: ..., ...}: plain mappings, so that one override sets one
+    # (``+slo.classes.chat.p99_ttft_s=0.5``); :meth:`class_slo` reads one as its type
+    classes: dict[str, dict[str, float]] = field(default_factory=dict)
+
+    def class_slo(self, name: str) -> ClassSloConfig:
+        """The SLOs of request class ``name`` (none set: every one 0)."""
+        return _class_slo(name, self.classes.get(name) or {})
+
+    def class_limits(self) -> list[tuple[str, str, float]]:
+        """Every set class SLO as (class, metric, limit in seconds)."""
+        return [
+            (name, metric, limit)
+            for name in sorted(self.classes)
+            for metric, limit in self.class_slo(name).limits().items()
+        ]
+
+    def check_classes(self, known: Collection[str]) -> None:
+        """A class SLO names a class of the workload, and its limits are not negative."""
+        for name in self.classes:
+            slo = self.class_slo(name)
+            if name not in known:
+                raise ConfigError(
+                    f"slo.classes.{name} names a request class the workload does not have "
+                    f"(its classes: {', '.join(sorted(known)) or 'none'})",
+                    hint="set the SLO on one of those, or add the class to workload.classes",
+                )
+            if any(getattr(slo, f"p99_{m}_s") < 0 for m in CLASS_SLO_METRICS):
+                raise ConfigError(f"slo.classes.{name}: an SLO must be >= 0 seconds (0: not set)")
+
+
+def _class_slo(name: str, data: Any) -> ClassSloConfig:
+    try:
+        return ClassSloConfig(**dict(data))
+    except TypeError as exc:
+        raise ConfigError(f"slo.classes.{name}: {exc}") from None
 
 
 @dataclass

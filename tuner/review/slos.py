@@ -23,7 +23,7 @@ from typing import Any
 from tuner.config.study import StudyConfig
 from tuner.review.stored import Review, TrialView
 from tuner.schema import TrialAttr
-from tuner.scoring.confidence import SloClaim, SloStatus, claims
+from tuner.scoring.confidence import SloClaim, SloStatus, claims, shown
 from tuner.scoring.feasibility import NO_DATA_VIOLATION
 
 Windows = list[dict[str, float]]
@@ -42,7 +42,7 @@ class HandoverSlos:
     def shown(self) -> list[SloClaim]:
         """Every SLO; another constraint (the error rate, a failed launch) only where it is not
         met, as the study's summary shows them."""
-        return [c for c in self.claims if c.name.startswith(SLO_PREFIX) or not _met(c)]
+        return shown(self.claims)
 
     def verdict(self) -> str:
         """One phrase: which SLOs are missed or undecided, or that every one is met."""

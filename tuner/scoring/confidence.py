@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 from scipy import stats
 
-from tuner.scoring.feasibility import NO_DATA_VIOLATION, mean_constraints
+from tuner.scoring.feasibility import NO_DATA_VIOLATION, UNSET_SLO, mean_constraints
 
 Windows = Sequence[Mapping[str, float]]
 MOST_WINDOWS = 1000  # where "how many windows would decide it" gives up
@@ -146,6 +146,16 @@ def claims(windows: Windows, others: Sequence[Windows], target: float) -> list[S
     """Every constraint's claim (sorted by name); none for no windows."""
     names = sorted({n for w in windows for n in w})
     return [claim(n, windows, others, target) for n in names]
+
+
+def shown(found: Sequence[SloClaim]) -> list[SloClaim]:
+    """What a user reads of a configuration's claims: every SLO that is set, and another
+    constraint (the error rate, a failed launch) only where it is not met."""
+    return [
+        c
+        for c in found
+        if (c.name.startswith("slo_") and c.mean != UNSET_SLO) or c.status != SloStatus.MET
+    ]
 
 
 def confidently_met(found: Sequence[SloClaim]) -> bool:

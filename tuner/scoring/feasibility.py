@@ -15,6 +15,8 @@ import numpy as np
 # rank below any measured violation, finite so it survives JSON (Optuna stores constraints as
 # JSON system attrs, and the dashboard cannot read Infinity).
 NO_DATA_VIOLATION = 1e6
+# What an SLO that is not set reports: satisfied, with a margin that cannot look like a near miss.
+UNSET_SLO = -1.0
 
 
 def mean_constraints(repeats: Sequence[Mapping[str, float]]) -> dict[str, float]:

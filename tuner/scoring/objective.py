@@ -40,7 +40,7 @@ from typing import ClassVar, Literal, TypeVar
 from tuner.config import CostConfig, ObjectivesConfig, SloConfig
 from tuner.errors import ConfigError
 from tuner.measurement.stats import Measurements
-from tuner.scoring.feasibility import NO_DATA_VIOLATION, meets
+from tuner.scoring.feasibility import NO_DATA_VIOLATION, UNSET_SLO, meets
 
 # Literal, so that a list of directions goes to optuna.create_study as it is typed there.
 Direction = Literal["minimize", "maximize"]
@@ -50,8 +50,6 @@ DIRECTIONS: tuple[Direction, ...] = (MINIMIZE, MAXIMIZE)
 PLUGIN_PACKAGE = "objectives"
 # The entry-point group under which an installed package declares objective modules of its own
 ENTRY_POINT_GROUP = "tuner.objectives"
-# What an SLO that is not set reports: satisfied, with a margin that cannot look like a near miss.
-UNSET_SLO = -1.0
 
 
 @dataclass
@@ -218,9 +216,47 @@ def get_objective(name: str) -> Objective:
         ) from None
 
 
-def get_constraint(name: str) -> Constraint:
-    """A new instance of the constraint registered as ``name``."""
+class ClassSlo(Constraint):
+    """One request class's P99 SLO (``slo.classes.<class>.p99_<metric>_s``), relative to its
+    limit like the SLOs over every request. Made per set SLO (:func:`class_slos`), not
+    registered: its name says its class, and there are as many as the SLO config sets."""
+
+    request_class: ClassVar[str]
+    metric: ClassVar[str]  # e2e | ttft | tpot
+
+    def violation(self, m: Measurements, ctx: ObjectiveContext) -> float:
+        stats = m.by_class.get(self.request_class)
+        limit = ctx.slo.class_slo(self.request_class).limits().get(self.metric, 0.0)
+        if stats is None or stats.requests_started == 0:
+            # no request of the class in the window: nothing says it met its SLO
+            return NO_DATA_VIOLATION if limit > 0 else UNSET_SLO
+        metric = getattr(stats, self.metric)
+        if self.metric == "tpot" and stats.completed > 0 and metric.n == 0:
+            return UNSET_SLO  # only 1-token outputs: no TPOT exists (as slo_p99_tpot)
+        return relative_violation(metric.p99, limit)
+
+
+def class_slo_name(request_class: str, metric: str) -> str:
+    return f"slo_{request_class}_p99_{metric}"
+
+
+def class_slos(slo: SloConfig) -> list[Constraint]:
+    """A constraint for each class SLO ``slo`` sets, named ``slo_<class>_p99_<metric>``."""
+    out: list[Constraint] = []
+    for request_class, metric, _limit in slo.class_limits():
+        name = class_slo_name(request_class, metric)
+        attrs = {"name": name, "request_class": request_class, "metric": metric}
+        out.append(type(f"ClassSlo[{name}]", (ClassSlo,), attrs)())
+    return out
+
+
+def get_constraint(name: str, slo: SloConfig | None = None) -> Constraint:
+    """A new instance of the constraint registered as ``name``, or of the class SLO of ``slo``
+    that has this name."""
     _ensure_loaded()
+    for made in class_slos(slo) if slo is not None else []:
+        if made.name == name:
+            return made
     try:
         return _CONSTRAINTS[name]()
     except KeyError:
@@ -253,7 +289,8 @@ def resolve(config: ObjectivesConfig, ctx: ObjectiveContext) -> Selection:
     select_by = get_objective(config.select_by)
     for objective in [*objectives, select_by]:
         objective.validate(ctx)
-    return Selection(objectives, [get_constraint(n) for n in config.constraints], select_by)
+    constraints = [get_constraint(n) for n in config.constraints] + class_slos(ctx.slo)
+    return Selection(objectives, constraints, select_by)
 
 
 @dataclass

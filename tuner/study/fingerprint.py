@@ -59,10 +59,19 @@ def fingerprint(
         "workload": asdict(config.workload),
         "fixed_args": dict(sorted(config.server.args.items())),
         "fixed_env": public_env(dict(sorted(config.server.env.items()))),
-        "slo": asdict(config.slo),
+        "slo": _slo(config),
         # A server pinned to 1 of 2 cores is other hardware to a baseline than one on both.
         "placement": for_trial(config).as_text(),
     }
+
+
+def _slo(config: TunerConfig) -> dict[str, Any]:
+    """The SLOs; without class SLOs exactly as before they existed, so a stored baseline of a
+    study that sets none is still the same baseline."""
+    slo = asdict(config.slo)
+    if not slo["classes"]:
+        del slo["classes"]
+    return slo
 
 
 def digest(fp: dict[str, Any]) -> str:

@@ -20,7 +20,7 @@ from tuner.errors import ConfigError, PreflightError
 from tuner.executor import Executor, make_executor
 from tuner.host.placement import for_trial
 from tuner.quality import quality_fingerprint
-from tuner.scoring.confidence import SloClaim, SloStatus
+from tuner.scoring.confidence import SloClaim, SloStatus, shown
 from tuner.search import checks as space_checks
 from tuner.search import space as search_space
 from tuner.server import LaunchSpec, make_backend
@@ -201,9 +201,13 @@ def _misses(result: StudyResult) -> list[str]:
         head = f"  UNDECIDED: {', '.join(open_)} not shown met with the confidence asked"
     else:
         head = f"  every SLO met with {result.slo_confidence:.0%} confidence"
-    # every SLO; another constraint (the error rate) only where it is not met
-    shown = [c for c in found if c.name.startswith("slo_") or c.status != SloStatus.MET]
-    lines = [head] + [f"    {_claim_line(c)}" for c in shown]
+    lines = [head] + [f"    {_claim_line(c)}" for c in shown(found)]
+    slos = [c for c in shown(found) if c.name.startswith("slo_")]
+    if len(slos) > 1:  # with several SLOs (a class's own among them), which one binds
+        binding = min(slos, key=lambda c: c.margin)
+        where = "under" if binding.margin >= 0 else "over"
+        room = f"{abs(binding.margin):.1%} {where} its limit"
+        lines.append(f"  binding SLO: {binding.name} ({room}, the least room of any)")
     for d in result.undecided_beside():
         why = "; ".join(c.text() for c in d.candidate_slos if c.status == SloStatus.UNDECIDED)
         lines.append(

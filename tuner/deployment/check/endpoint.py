@@ -147,7 +147,10 @@ class Scoring:
         """Each constraint's mean violation over the windows (<= 0: met), for those that apply
         (an SLO that is not set reports the same "unset" value in every window)."""
         per_window = [
-            {n: obj.get_constraint(n).violation(m, self.context) for n in self.constraints}
+            {
+                n: obj.get_constraint(n, self.context.slo).violation(m, self.context)
+                for n in self.constraints
+            }
             for m in windows
         ]
         means = mean_constraints(per_window)
