@@ -14,7 +14,7 @@ import signal
 import socket
 import subprocess
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
 from tuner.host.placement import pin
@@ -30,7 +30,7 @@ def spawn(
     """Start ``argv`` in a new session with stdout+stderr appended to ``log_path``, on ``cpus``
     (None: any CPU)."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    with log_path.open("ab") as log:
+    with log_path.open("ab") as log, forked_on(cpus):
         proc = subprocess.Popen(
             list(argv),
             cwd=cwd,
@@ -40,15 +40,25 @@ def spawn(
             stderr=subprocess.STDOUT,
             start_new_session=True,  # own process group: group signals reach grandchildren
         )
-    # Popen returns once the child has exec'd; an interpreter needs tens of ms before it can
-    # start a thread or a child, which then inherit the mask (preexec_fn is unsafe in a
-    # threaded parent). What each side got is read back into result.json (tree_cpus).
-    try:
-        pin(proc.pid, cpus)
-    except OSError:
-        reap(proc, 1.0)
-        raise
     return proc
+
+
+@contextlib.contextmanager
+def forked_on(cpus: Sequence[int] | None) -> Iterator[None]:
+    """The calling thread on ``cpus`` while it forks a child, which inherits the mask from its
+    first instruction. Pinning the child after Popen returned raced its start-up: on a busy
+    host vLLM started threads before the pin, and a server meant for CPU 0 ran threads on 0-1.
+    Only the calling thread's mask changes (Linux keeps one per thread); it is restored after.
+    None or empty: any CPU, as the caller has."""
+    if not cpus:
+        yield
+        return
+    before = os.sched_getaffinity(0)
+    pin(0, cpus)
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, before)
 
 
 def _signal_group(pgid: int, sig: signal.Signals) -> bool:
