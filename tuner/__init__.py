@@ -13,7 +13,8 @@ way.
 - trials:       :func:`run_trial` (launch, load, measure, stop) and its :class:`TrialOutcome`
 - studies:      :class:`StudyRunner`, :class:`Evaluator`, the acceptance rule :func:`decide`
 - plan:         :class:`Estimator` of a :class:`PlanPoint` on a GPU system (AIConfigurator, the
-                ``plan`` extra) and :func:`estimate_vs_measured`
+                ``plan`` extra), :func:`estimate_vs_measured`, the closed-loop queue
+                (:func:`serve`) and the stage order played on the estimates (:func:`choose_order`)
 """
 
 from __future__ import annotations
@@ -100,6 +101,13 @@ _OWNERS: dict[str, str] = {
     "estimate_vs_measured": "tuner.plan.fidelity",
     "Planner": "tuner.plan.planner",
     "Prescreen": "tuner.study.prescreen",
+    "choose_order": "tuner.study.order",
+    "OrderChoice": "tuner.study.order",
+    # the closed-loop queue the plan and the replays' landscapes share
+    "Load": "tuner.plan.queueing",
+    "Served": "tuner.plan.queueing",
+    "serve": "tuner.plan.queueing",
+    "running": "tuner.plan.queueing",
     # comparing two endpoints
     "Ratio": "tuner.deployment.compare",
     "Verdict": "tuner.deployment.compare",
@@ -124,6 +132,7 @@ __all__ = [
     "Fit",
     "LaunchSpec",
     "LengthDist",
+    "Load",
     "LocustLoadGenerator",
     "Measurements",
     "MetricStats",
@@ -131,6 +140,7 @@ __all__ = [
     "NoiseSplit",
     "Objective",
     "ObjectiveContext",
+    "OrderChoice",
     "ParamSpec",
     "PlanPoint",
     "Planner",
@@ -141,6 +151,7 @@ __all__ = [
     "RequestRecord",
     "Role",
     "SamplerConfig",
+    "Served",
     "SloConfig",
     "StudyAttr",
     "StudyPaths",
@@ -155,6 +166,7 @@ __all__ = [
     "Verdict",
     "WorkloadConfig",
     "build_plan",
+    "choose_order",
     "compose",
     "counter_deltas",
     "decide",
@@ -176,7 +188,9 @@ __all__ = [
     "relative_violation",
     "run_probe",
     "run_trial",
+    "running",
     "scrape",
+    "serve",
     "stat_or_nan",
     "token_rate",
     "tree_cpus",
@@ -218,6 +232,7 @@ if TYPE_CHECKING:  # the same names, eagerly, for type checkers and IDEs
     from tuner.plan.estimate import Estimator, Fit, PlanPoint
     from tuner.plan.fidelity import Agreement, estimate_vs_measured
     from tuner.plan.planner import Planner
+    from tuner.plan.queueing import Load, Served, running, serve
     from tuner.schema import Role, StudyAttr, TrialAttr, TrialStatus
     from tuner.scoring.feasibility import meets
     from tuner.scoring.objective import (
@@ -239,6 +254,7 @@ if TYPE_CHECKING:  # the same names, eagerly, for type checkers and IDEs
     from tuner.study.acceptance import Comparison, Decision, decide
     from tuner.study.evaluation import Evaluator
     from tuner.study.noise import NoiseEstimate, NoiseSplit
+    from tuner.study.order import OrderChoice, choose_order
     from tuner.study.prescreen import Prescreen
     from tuner.study.runner import StudyRunner, TrialFn
     from tuner.telemetry.metrics import counter_deltas, histogram_means, over_server, scrape

@@ -1,10 +1,10 @@
-"""The closed-loop queueing model of tuner/testing/queueing.py against hand-computed cases."""
+"""The closed-loop queueing model of tuner/plan/queueing.py against hand-computed cases."""
 
 from __future__ import annotations
 
 import pytest
 
-from tuner.testing.queueing import Load, running, serve
+from tuner.plan.queueing import Load, running, serve
 
 
 def test_users_above_the_cap_wait_whole_service_times() -> None:

@@ -11,6 +11,9 @@ from dataclasses import dataclass, field
 from tuner.config.executor import EXECUTORS
 from tuner.errors import ConfigError
 
+# Who orders a staged study's groups: the plan, where estimates exist (tuner/study/order.py), or
+# study.stages as written.
+STAGE_ORDERS = ("plan", "preset")
 # How the acceptance rule measures noise: the study's pooled repeats, or each comparison's own.
 NOISE_RULES = ("pooled", "pair")
 
@@ -23,6 +26,10 @@ class StudyConfig:
     stages: list[str] = field(
         default_factory=lambda: ["parallelism", "quantization", "memory", "runtime", "batching"]
     )
+    # plan: where the estimator can estimate the space, the order (and whether a group runs
+    # twice) that plays best on its estimates under the study's SLOs; else, and with preset,
+    # study.stages as written
+    stage_order: str = "plan"
     trials_per_stage: int = 4
     refine_trials: int = 0  # staged only: a last joint stage over every group (0 = none)
     # A repeated proposal gets the stored measurement (no launch) and a stage whose finite space
@@ -74,6 +81,11 @@ class StudyConfig:
     def validate(self, groups: list[str]) -> None:
         if self.strategy not in ("staged", "joint"):
             raise ConfigError(f"study.strategy must be 'staged' or 'joint', got {self.strategy!r}")
+        if self.stage_order not in STAGE_ORDERS:
+            raise ConfigError(
+                f"study.stage_order must be one of {', '.join(STAGE_ORDERS)}, "
+                f"got {self.stage_order!r}"
+            )
         if self.executor not in EXECUTORS:
             raise ConfigError(
                 f"study.executor must be one of {', '.join(EXECUTORS)}, got {self.executor!r}"

@@ -105,6 +105,17 @@ class StudyRunner:
             config, evaluator, self._open, self.measure_many, progress, self._add_launches
         )
 
+    def reorder(self, groups: list[str]) -> None:
+        """Runs the stages over ``groups`` in that order (one named twice is searched twice),
+        chosen before the first launch (tuner.study.order); the launch budget follows."""
+        self.config.study.stages = list(groups)
+        self.stages = plan_stages(self.config)
+        first = self.config.study.baseline_measurements
+        self.launches = LaunchBudget(
+            planned_launches(self.config.study, self._stage_trials(0), first)
+        )
+        self.quality = QualityReference(self.config, self.stages, self.paths, self.say)
+
     def _add_launches(self, count: int) -> None:
         self.launches.add(count)  # read at call time: measure_more replaces the budget
 

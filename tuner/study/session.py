@@ -19,6 +19,7 @@ from tuner.config import TunerConfig
 from tuner.errors import ConfigError, PreflightError
 from tuner.executor import Executor, make_executor
 from tuner.host.placement import for_trial
+from tuner.plan.planner import Planner
 from tuner.quality import quality_fingerprint
 from tuner.scoring.confidence import SloClaim, SloStatus, shown
 from tuner.search import checks as space_checks
@@ -29,6 +30,7 @@ from tuner.study.budget import BudgetHook
 from tuner.study.evaluation import Evaluator
 from tuner.study.fingerprint import fingerprint, hardware, public_env
 from tuner.study.lease import RunLease, take_lease
+from tuner.study.order import choose_order
 from tuner.study.prescreen import Prescreen
 from tuner.study.promise import contradiction_lines, promised
 from tuner.study.runner import Progress, StudyRunner
@@ -46,6 +48,7 @@ class Session:
     baseline_argv: list[str]
     device_count: int
     _lease: RunLease | None = None
+    _ordered: bool = False  # the plan chose the stage order already (once per session)
 
     def preflight(self) -> None:
         """Checks that cost seconds, not server starts: devices, flags, model, port."""
@@ -59,6 +62,7 @@ class Session:
         gpus = self.device_count if cfg.server.device == "cuda" else 0
         prescreen = Prescreen.open(cfg, self.runner.evaluator, self.runner.say, gpus)
         prescreen.baseline_fits()  # seconds, where a baseline that cannot load costs minutes
+        self.order_stages(prescreen.fit_planner)
         python = cfg.server.python or _sys_python()
         unknown = space_checks.unknown_params(cfg.search_space, vllm_flags(python))
         if unknown:
@@ -73,6 +77,18 @@ class Session:
         prescreen.preflight()
         self.runner.prescreen = prescreen
         self.runner.canonical.server_values = prescreen.server_values
+
+    def order_stages(self, planner: Planner | None) -> None:
+        """Where the plan can estimate the space and study.stage_order is plan: the stage
+        order that plays best on its estimates (tuner.study.order), said in one line."""
+        if planner is None or self.config.study.stage_order != "plan" or self._ordered:
+            return
+        self._ordered = True
+        choice = choose_order(planner, self.config, self.runner.evaluator.select_by)
+        if choice is None:
+            return
+        self.runner.say(choice.line())
+        self.runner.reorder(list(choice.order))
 
     def _take_lock(self) -> None:
         """One `tuner run` per study, on any host: a second driver would mark the first's
@@ -135,6 +151,7 @@ class Session:
 
     def plan_text(self) -> str:
         """What `tuner run --dry-run` prints: the study, its stages and its launch budget."""
+        self.order_stages(Planner.available(self.config))
         runner, cfg = self.runner, self.config.study
         launches = cfg.baseline_measurements + sum(
             st.trials + 2 * cfg.repeats for st in runner.stages

@@ -2,7 +2,7 @@
 
 The CPU tables (tuner.testing.landscape) hold measured repeats and score output tok/s under a
 P99 E2E SLO. Here each configuration has one *truth* (a silicon measurement or an estimate
-turned into a client's view by tuner.testing.queueing) and every launch sees it through
+turned into a client's view by tuner.plan.queueing) and every launch sees it through
 multiplicative noise at a stated coefficient of variation: independent factors
 ``max(0.05, 1 + cv * z)``, ``z ~ N(0, 1)``, one for the throughput (tokens and requests), one
 for TTFT, one for TPOT and E2E. The study a replay of it runs (:func:`gpu_config`) maximises
@@ -20,9 +20,9 @@ from typing import Any
 import numpy as np
 
 from tuner.config import TunerConfig
+from tuner.plan.queueing import Served
 from tuner.testing.landscape import Key, Landscape, Measured
 from tuner.testing.lookup import base_config
-from tuner.testing.queueing import Served
 
 GPU_PARAM = "tensor_parallel_size"
 WINDOW_S = 60.0  # a GPU study's window: only sets the request count of a replayed outcome
