@@ -4,7 +4,7 @@ For each configuration of TP x max_num_seqs x max_num_batched_tokens x weight qu
 KV-cache dtype x gpu_memory_utilization, AIConfigurator's core API (aiconfigurator-core 0.12,
 its vLLM 0.24 data, offline) gives the KV-cache capacity at that memory fraction and the mean
 TTFT and TPOT at a batch of ``c`` running requests with ``max_num_batched_tokens`` as the
-prefill chunk; tuner.testing.queueing turns them into what ``users`` closed-loop clients measure.
+prefill chunk; tuner.plan.queueing turns them into what ``users`` closed-loop clients measure.
 A configuration whose weights leave no KV budget ("no KV budget") or whose KV cache cannot hold
 one request is a failed start. AIConfigurator calls its own results means at full batch; the
 tails are the queueing model's, and absolute TTFT is off by a third or more against silicon
@@ -17,9 +17,9 @@ import itertools
 from dataclasses import dataclass
 from typing import Any
 
+from tuner import Load, running, serve
 from tuner.testing.gpu_landscape import GPU_PARAM, GpuLandscape, measured
 from tuner.testing.landscape import Key
-from tuner.testing.queueing import Load, running, serve
 
 AXES: dict[str, list[Any]] = {
     GPU_PARAM: [1, 2, 4, 8],

@@ -2,7 +2,7 @@
 
 A landscape is a silicon table (benchmarks.silicon: AIConfigurator's shipped vLLM measurements)
 or an estimated one (benchmarks.estimated: AIConfigurator's estimates through the queueing
-model of tuner.testing.queueing); every launch sees its configuration's truth through
+model of tuner.plan.queueing); every launch sees its configuration's truth through
 multiplicative noise at each ``--cv``. The objective is output tok/s per GPU
 (objectives/fleet.py) under P99 TTFT and P99 TPOT SLOs, by default each the landscape's median
 over the configurations that start (vLLM's defaults then miss one of them, see the summary).
@@ -37,7 +37,7 @@ import json
 import sys
 import time
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -56,7 +56,7 @@ from benchmarks.gpu_scoring import (
 )
 from benchmarks.layout import results
 from benchmarks.scoring import aggregate, markdown
-from tuner import LengthDist, RequestClass, TunerConfig
+from tuner import LengthDist, Planner, RequestClass, TunerConfig, choose_order
 from tuner.testing.gpu_landscape import GROUPS, GpuLandscape, GpuSlo, gpu_config, groups_of
 from tuner.testing.lookup import StudyStrategy, categorical_space, run_study
 from tuner.testing.run_trace import Launch, RunTrace
@@ -153,19 +153,67 @@ def estimated_on(config: TunerConfig, table: silicon.SiliconTable, land: GpuLand
     config.workload.concurrency = max(land.values()["max_num_seqs"])
 
 
+def planned_on(config: TunerConfig, name: str, land: GpuLandscape) -> bool:
+    """What the plan needs to estimate the landscape ``name`` (its GPU system, model, lengths
+    and users); False where it cannot (a silicon table without an estimator model)."""
+    if name in estimated.SYSTEMS:
+        system = estimated.SYSTEMS[name]
+        config.plan.system, config.plan.backend_version = system.gpu, estimated.VERSION
+        config.plan.model = system.model
+        load = system.load
+        config.workload.classes = [
+            RequestClass(
+                prompt_tokens=LengthDist(mean=load.isl), output_tokens=LengthDist(mean=load.osl)
+            )
+        ]
+        config.workload.concurrency = load.users
+        return True
+    table = silicon.TABLES.get(name)
+    if table is None or not table.estimator_model:
+        return False
+    estimated_on(config, table, land)
+    return True
+
+
+def plan_arm(land: GpuLandscape, config: TunerConfig, default: Arm) -> tuple[Arm, str]:
+    """The default staged arm in the order the plan chooses under this SLO
+    (tuner.study.order, as a study with estimates runs it), and the order's line."""
+    s, groups = default
+    cfg = copy.deepcopy(config)
+    cfg.search_space = categorical_space(land, groups)
+    cfg.study.stages = list(s.stages or groups)
+    cfg.study.trials_per_stage = s.trials_per_stage
+    cfg.slo.p99_e2e_s = 0.0  # as run_study sets it below: the GPU studies bound TTFT and TPOT
+    choice = choose_order(Planner(cfg), cfg, cfg.objectives.select_by)
+    stages = choice.order if choice is not None else tuple(cfg.study.stages)
+    name = f"staged_tpe_{s.trials_per_stage}_plan"
+    line = choice.line() if choice is not None else "the plan has nothing to choose"
+    return (replace(s, name=name, stages=stages), groups), line
+
+
 def replay(
     land: GpuLandscape,
     slo: GpuSlo,
     seeds: int,
     arms: Sequence[Arm],
     table: silicon.SiliconTable | None = None,
+    name: str = "",
 ) -> dict[str, Any]:
-    """Every arm on every seed; ``table``: the silicon table a prescreened arm estimates."""
+    """Every arm on every seed; ``table``: the silicon table a prescreened arm estimates;
+    ``name``: the landscape's, whose plan (where it can be estimated) orders one more arm."""
     ref = reference(land, slo)
     base = gpu_config(land, slo)
     screened = copy.deepcopy(base)
     if table is not None:
         estimated_on(screened, table, land)
+    planned = copy.deepcopy(base)
+    order_line, alias = "", ""
+    if name and planned_on(planned, name, land):
+        arm, order_line = plan_arm(land, planned, arms[0])
+        if arm[0].stages == arms[0][0].stages:  # the same strategy: its runs are the default's
+            alias = arm[0].name
+        else:
+            arms = [arms[0], arm, *arms[1:]]
     rows = []
     clock: dict[str, float] = {}
     for seed in range(seeds):
@@ -177,6 +225,9 @@ def replay(
                 space = categorical_space(land, groups)
                 traces.append(run_study(land, config, s, space, 0.0, seed))
         rows += [summarize_run(t, land, ref) for t in traces]
+        if alias:  # the plan kept the default order: the same seeds ran the same study
+            default = next(r for r in rows[::-1] if r["strategy"] == arms[0][0].name)
+            rows.append({**default, "strategy": alias})
     summary = aggregate(rows, len(land.grid_keys()))
     for line in summary:
         mine = [r for r in rows if r["strategy"] == line["strategy"]]
@@ -185,7 +236,7 @@ def replay(
         line["edge_flags"] = edge_flags(mine)
     per_seed = {name: round(t / max(seeds, 1), 2) for name, t in clock.items()}
     return {
-        "reference": describe(land, ref),
+        "reference": {**describe(land, ref), "plan_order": order_line},
         "summary": summary,
         "seconds_per_seed": per_seed,
         "runs": rows,
@@ -346,6 +397,7 @@ def lowest_level(land: GpuLandscape) -> int | None:
 
 
 def run_cell(
+    name: str,
     land: GpuLandscape,
     case: SloCase,
     seeds: int,
@@ -355,7 +407,7 @@ def run_cell(
 ) -> None:
     """One (SLO, noise) cell: every arm on every seed, written to ``out``."""
     t0 = time.monotonic()
-    result = replay(land, case.slo, seeds, arms, table)
+    result = replay(land, case.slo, seeds, arms, table, name)
     result["elapsed_s"] = round(time.monotonic() - t0, 1)
     result["reference"]["slo_level"] = case.level
     out.mkdir(parents=True, exist_ok=True)
@@ -383,7 +435,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     for case in cases:
         for cv in args.cv:
             out = out_root / case.folder / f"cv_{cv:g}"
-            run_cell(land.with_noise(cv), case, args.seeds, arms, measured_on, out)
+            run_cell(args.landscape, land.with_noise(cv), case, args.seeds, arms, measured_on, out)
     return 0
 
 

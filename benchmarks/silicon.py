@@ -7,7 +7,7 @@ knobs are ``tensor_parallel_size`` and ``max_num_seqs`` (the measured concurrenc
 that measured one model in two precisions makes two tables, one per precision, named for it:
 an FP8 and an NVFP4 run at the same TP and concurrency are two different servers, and their
 mean is a server nobody measured. Each configuration is served the users it was measured with
-(the fleet's load balancer gives each replica ``max_num_seqs`` users), so tuner.testing.queueing
+(the fleet's load balancer gives each replica ``max_num_seqs`` users), so tuner.plan.queueing
 adds no wait: P99 TTFT and P99 TPOT are the measured means (the sample holds no percentiles).
 vLLM's defaults are the table's smallest TP (vLLM's 1 where measured) and its largest
 concurrency (vLLM's cap of 1024 admits every user).
@@ -21,9 +21,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from tuner import Load, serve
 from tuner.testing.gpu_landscape import GPU_PARAM, GpuLandscape, measured
 from tuner.testing.landscape import Key, Measured
-from tuner.testing.queueing import Load, serve
 
 PARAMS = [GPU_PARAM, "max_num_seqs"]
 # What a run measured and where it came from; every other column says which server ran, so

@@ -25,10 +25,10 @@ from benchmarks.gpu_scoring import (
     reference,
     score,
 )
+from tuner.plan.queueing import Load, serve
 from tuner.testing.gpu_landscape import GPU_PARAM, GpuLandscape, GpuSlo, groups_of, measured, point
 from tuner.testing.landscape import hypervolume_2d
 from tuner.testing.lookup import StudyStrategy, categorical_space, run_study
-from tuner.testing.queueing import Load, serve
 
 LOAD = Load(users=16, isl=100, osl=11)
 LOOSE = GpuSlo(p99_ttft_s=100.0, p99_tpot_s=100.0)
