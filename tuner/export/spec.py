@@ -94,7 +94,7 @@ def build_serve_spec(review: Review, choice: Choice) -> ServeSpec:
         )
     specs = search_space.flatten(review.config.get("search_space") or {})
     launch = search_space.to_launch(choice.params, specs)
-    args = {**(server.get("args") or {}), **launch.args}
+    args = launch.resolved(server.get("args") or {})
     env = {**(server.get("env") or {}), **launch.env}
     view = choice.trial
     process = (view.telemetry.get("process") or {}) if view else {}

@@ -33,7 +33,7 @@ def gpus_of(config: TunerConfig, params: Mapping[str, Any]) -> int:
     """The GPUs a server with ``params`` (on top of the fixed args) occupies: TP x PP x DP."""
     specs = search_space.flatten(config.search_space)
     known = {p: v for p, v in params.items() if p in specs}
-    args = {**config.server.args, **search_space.to_launch(known, specs).args}
+    args = search_space.to_launch(known, specs).resolved(config.server.args)
     return devices_needed(args)
 
 

@@ -71,7 +71,7 @@ def point_of(config: TunerConfig, params: Mapping[str, Any], defaults: Defaults)
     """The estimator's point for the server that ``params`` (on top of the fixed args) runs."""
     specs = search_space.flatten(config.search_space)
     known = {p: v for p, v in params.items() if p in specs}
-    args = {**config.server.args, **search_space.to_launch(known, specs).args}
+    args = search_space.to_launch(known, specs).resolved(config.server.args)
     isl, osl = mean_lengths(config.workload)
     seqs = _int(args.get("max_num_seqs"), defaults.max_num_seqs)
     # A closed loop never has more requests in flight than users; an open loop's steady

@@ -188,8 +188,7 @@ class VllmServer:
         if self.config.served_model_name:
             args["served_model_name"] = self.config.served_model_name
         args.update({"host": self.config.host, "port": self._port})
-        args.update(self.config.args)
-        args.update(self.launch.args)
+        args.update(self.launch.resolved(self.config.args))
         return launcher + args_to_argv(args)
 
     def environment(self) -> dict[str, str]:

@@ -102,7 +102,7 @@ class Flights:
         # The client's processes carry the trial's expected token events (the plan's estimate)
         config = client_capacity.for_job(
             self.config,
-            {**self.config.server.args, **launch.args},
+            launch.resolved(self.config.server.args),
             trial.user_attrs,
             lambda line: self.say(f"{prefix} {line}"),
         )

@@ -131,7 +131,7 @@ def capacity_command(request: CapacityRequest, progress: Progress) -> int:
         )
         found = search.run()
         cpus = served.server_cpus
-    record = _record(review, choice, config, found, {**config.server.args, **launch.args})
+    record = _record(review, choice, config, found, launch.resolved(config.server.args))
     if request.target_rps is not None and found.max_rps > 0:
         record.sizing = _sizing(request, review, config, record, cpus)
     path = _write(review.paths.root, record, simulated)
