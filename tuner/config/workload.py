@@ -83,6 +83,10 @@ class RequestClass:
     api: str = "completions"  # completions | chat
     prompt_tokens: LengthDist = field(default_factory=lambda: LengthDist(mean=256))
     output_tokens: LengthDist = field(default_factory=lambda: LengthDist(mean=64))
+    # vLLM's request priority (lower is served earlier), sent with each of the class's requests
+    # to a server that schedules by priority (--scheduling-policy priority); a server on FCFS
+    # refuses any priority but 0, so it is left out there
+    priority: int = 0
 
 
 @dataclass

@@ -25,6 +25,9 @@ class Target:
     api_key: str | None  # sent as `Authorization: Bearer <key>` when set
     model: str  # the served model name, sent in every request body
     tokenizer: str  # local path of a HF tokenizer (or model) dir, for prompt synthesis
+    # the server schedules by request priority (--scheduling-policy priority): the classes'
+    # priorities are sent; on FCFS vLLM refuses a request with any priority but 0
+    by_priority: bool = False
 
 
 @dataclass

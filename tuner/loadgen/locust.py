@@ -18,6 +18,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -119,8 +120,12 @@ class LocustLoadGenerator:
         return spec_path
 
     def plan(self, target: Target, workload: WorkloadConfig) -> list[PlannedRequest]:
-        """The requests to send: the workload's plan, with the target's tokenizer."""
-        return build_plan(workload, target.tokenizer)
+        """The requests to send: the workload's plan, with the target's tokenizer; each
+        class's priority only where the server schedules by it."""
+        plan = build_plan(workload, target.tokenizer)
+        if target.by_priority:
+            return plan
+        return [replace(p, priority=0) if p.priority else p for p in plan]
 
     def spec(self, target: Target, workload: WorkloadConfig, out_dir: Path) -> dict[str, Any]:
         """The settings the locustfile reads (TUNER_LOADGEN_SPEC)."""

@@ -29,6 +29,8 @@ def body(entry: dict[str, Any], model: str) -> dict[str, Any]:
         "stream_options": {"include_usage": True},
         "ignore_eos": True,  # random-weight and real models alike: the asked length, always
     }
+    if entry.get("priority"):  # the plan keeps it only for a server that schedules by it
+        out["priority"] = entry["priority"]
     if entry["api"] == "chat":
         out["messages"] = entry["messages"]
     else:

@@ -63,6 +63,7 @@ class PlannedRequest:
     session: int | None = None
     turn: int = 0
     think_s: float = 0.0
+    priority: int = 0  # its class's; sent only to a server that schedules by priority
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), separators=(",", ":"))
@@ -243,8 +244,10 @@ def plan_size(workload: WorkloadConfig) -> int:
 def _planned(rc: RequestClass, text: str, max_tokens: int, n_prompt: int) -> PlannedRequest:
     if rc.api == "chat":
         messages = [{"role": "user", "content": text}]
-        return PlannedRequest(rc.name, rc.api, max_tokens, n_prompt, messages=messages)
-    return PlannedRequest(rc.name, rc.api, max_tokens, n_prompt, prompt=text)
+        return PlannedRequest(
+            rc.name, rc.api, max_tokens, n_prompt, messages=messages, priority=rc.priority
+        )
+    return PlannedRequest(rc.name, rc.api, max_tokens, n_prompt, prompt=text, priority=rc.priority)
 
 
 def plan_lengths(workload: WorkloadConfig, size: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -56,13 +56,23 @@ def fingerprint(
         "model": _model_identity(config.server.model),
         "hardware": hw,
         "vllm": vllm_version or "unknown",
-        "workload": asdict(config.workload),
+        "workload": _workload(config),
         "fixed_args": dict(sorted(config.server.args.items())),
         "fixed_env": public_env(dict(sorted(config.server.env.items()))),
         "slo": _slo(config),
         # A server pinned to 1 of 2 cores is other hardware to a baseline than one on both.
         "placement": for_trial(config).as_text(),
     }
+
+
+def _workload(config: TunerConfig) -> dict[str, Any]:
+    """The workload; a class without a priority exactly as before priorities existed, so a
+    stored baseline of a study that sets none is still the same baseline."""
+    workload = asdict(config.workload)
+    for rc in workload["classes"]:
+        if not rc["priority"]:
+            del rc["priority"]
+    return workload
 
 
 def _slo(config: TunerConfig) -> dict[str, Any]:

@@ -179,7 +179,7 @@ class _ClientRerun:
         capacity = client_capacity.load()  # never probed here: the server is up
         for attempt in range(MAX_CLIENT_RERUNS + 1):
             result, summary, self.client_cpus = _load(
-                self.config, server, info, self.place.client, paths, clock, progress
+                self.config, self.launch, server, info, self.place.client, paths, clock, progress
             )
             records = list(read_records(result.records_path))  # read twice: window, clocks
             processes = self.config.workload.processes
@@ -241,6 +241,7 @@ def _compare_clocks(
 
 def _load(
     config: TunerConfig,
+    launch: LaunchSpec,
     server: ServerBackend,
     info: ServerInfo,
     client_cpus: tuple[int, ...] | None,
@@ -250,7 +251,7 @@ def _load(
 ) -> tuple[LoadResult, TelemetrySummary, list[int]]:
     """Warm-up + window under telemetry, with a watchdog that stops the load if vLLM dies;
     also returns the CPUs the client's processes were allowed, read back as they appeared."""
-    target = _target(config, server, info)
+    target = _target(config, server, info, launch)
     telemetry = Telemetry(
         config.telemetry, info.base_url, server.api_key, info.pid, gpu_devices=_gpus(config)
     )
@@ -315,13 +316,22 @@ def _plan_ahead(config: TunerConfig) -> threading.Thread:
     return thread
 
 
-def _target(config: TunerConfig, server: ServerBackend, info: ServerInfo) -> Target:
+def _target(
+    config: TunerConfig, server: ServerBackend, info: ServerInfo, launch: LaunchSpec | None = None
+) -> Target:
+    """The server as the client sees it; ``launch``: the one under load, whose scheduling
+    policy says whether the classes' priorities are sent (the quality set sends none)."""
+    policy = launch.resolved(config.server.args).get(SCHEDULING_POLICY) if launch else None
     return Target(
         base_url=info.base_url,
         api_key=server.api_key,
         model=config.server.served_model_name or config.server.model,
         tokenizer=config.server.tokenizer,
+        by_priority=policy == "priority",
     )
+
+
+SCHEDULING_POLICY = "scheduling_policy"  # vLLM's flag: fcfs (its default) or priority
 
 
 def _link_records(result: LoadResult, paths: TrialPaths) -> None:
