@@ -95,6 +95,9 @@ def summary_text(report: Report) -> str:
         lines += ["", table.to_string(index=False, float_format=lambda v: f"{v:.4g}")]
         counts = t["bottleneck"].value_counts()
         lines.append("bottlenecks: " + ", ".join(f"{k} {v}" for k, v in counts.items()))
+    if not report.classes.empty:
+        lines += ["", "request classes (baseline against the hand-over):"]
+        lines.append(report.classes.to_string(index=False, float_format=lambda v: f"{v:.4g}"))
     for _, f in report.failures.iterrows():
         lines.append(f"failed {f['label']}: {f['failure_reason']}: {f['failure_message'][:160]}")
     if report.estimates is not None:
@@ -108,6 +111,7 @@ def note_markdown(report: Report) -> str:
     out = [f"## tuner study `{r.name}`", ""]
     out += [f"- {line}" for line in headline(report)]
     out += _slos_markdown(report.slos)
+    out += _classes_markdown(report.classes)
     t = report.trials
     if not t.empty:
         out += [
@@ -140,6 +144,38 @@ def _slos_markdown(slos: HandoverSlos) -> list[str]:
     out += ["", f"| {' | '.join(COLUMNS)} |", "|" + "---|" * len(COLUMNS)]
     out += [f"| {' | '.join(str(cell) for cell in r)} |" for r in frame.itertuples(index=False)]
     return out
+
+
+def _classes_markdown(frame: pd.DataFrame) -> list[str]:
+    """The note's table "Request classes" (none for a one-class workload)."""
+    if frame.empty:
+        return []
+    out = ["", "### Request classes", "", CLASSES_TEXT, ""]
+    out += [f"| {' | '.join(frame.columns)} |", "|" + "---|" * len(frame.columns)]
+    out += [f"| {' | '.join(_cell(x) for x in r)} |" for r in frame.itertuples(index=False)]
+    return out
+
+
+def _cell(value: Any) -> str:
+    if value is None or (isinstance(value, float) and value != value):  # None or NaN
+        return ""
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
+
+
+CLASSES_TEXT = (
+    "Each class's own P99s, output rate and errors, the mean over the windows that measured "
+    "that configuration, beside the class's own SLOs: a gain in the totals may be one class's "
+    "latency traded for another's throughput."
+)
+
+
+def _classes_html(frame: pd.DataFrame) -> str:
+    if frame.empty:
+        return ""
+    return (
+        f"<h2 id='classes'>Request classes</h2><p>{html.escape(CLASSES_TEXT)}</p>"
+        f"<div class='scroll'>{_table(frame)}</div>"
+    )
 
 
 def _table(frame: pd.DataFrame) -> str:
@@ -217,6 +253,7 @@ def html_page(report: Report) -> str:
         + f"<h1>tuner report: {html.escape(report.review.name)}</h1>"
         f"<ul class='summary'>{summary}</ul>"
         f"{_slos_html(report.slos)}"
+        f"{_classes_html(report.classes)}"
         f"<h2>Figures</h2>{figures}"
         f"<h2>Baseline: mean of its windows</h2>{BASELINE_NOTE}"
         f"<div class='scroll'>{_table(report.baseline)}</div>"

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 import pandas as pd
 
 from tuner.review import plots
+from tuner.review.classes import classes_frame
 from tuner.review.estimates import EstimateCheck, estimate_check
 from tuner.review.plots import CdfSeries, FigureData, ImprovementData, ParetoData, PointKind
 from tuner.review.report_tables import (
@@ -58,6 +59,8 @@ class Report:
     estimates: EstimateCheck | None = None  # with study.prescreen: the plan against the trials
     # what the hand-over claims of each SLO, and how sure its windows are
     slos: HandoverSlos = field(default_factory=HandoverSlos)
+    # per request class, the baseline against the hand-over (empty for a one-class workload)
+    classes: pd.DataFrame = field(default_factory=pd.DataFrame)
     data: FigureData | None = None
     figures: dict[str, bytes] = field(default_factory=dict)
 
@@ -78,6 +81,7 @@ def build_report(review: Review, figures: bool = True) -> Report:
         imps,
         estimate_check(review),
         handover_slos(review, review.choice().params),
+        classes_frame(review, review.choice().params),
     )
     if figures:
         report.data = figure_data(report)
