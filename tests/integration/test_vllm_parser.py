@@ -128,3 +128,21 @@ def test_an_interpreter_without_vllm_is_a_one_line_config_error(tmp_path: Path) 
     assert not isinstance(err.value, PreflightError)
     assert "cannot build vLLM's argument parser" in err.value.one_line()
     assert "\n" not in err.value.one_line()
+
+
+def test_every_scheduling_choice_parses_and_a_refused_one_stops_the_study(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from tuner.cli import main
+    from tuner.composition import compose
+    from tuner.study.session import _check_choices
+
+    # every value of the scheduling group (and the CPU groups beside it) as vLLM reads them
+    config = compose(["study=chat_and_documents", "search_space=[scheduling,batching,runtime]"])
+    _check_choices(PY, [], config)
+    bad = "search_space.scheduling.scheduling_policy.choices=[fcfs,lifo]"
+    rc = main(["run", "study=chat_and_documents", bad, f"studies_dir={tmp_path}"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1
+    assert "scheduling_policy='lifo'" in err[0] and "invalid choice" in err[0]
+    assert not list(tmp_path.rglob("trials/*"))  # refused before any launch

@@ -25,7 +25,8 @@ from tuner.scoring.confidence import SloClaim, SloStatus, shown
 from tuner.search import checks as space_checks
 from tuner.search import space as search_space
 from tuner.server import LaunchSpec, make_backend
-from tuner.server.vllm_parser import check_argv, vllm_flags, vllm_version
+from tuner.server.vllm import args_to_argv
+from tuner.server.vllm_parser import check_argv, check_argvs, vllm_flags, vllm_version
 from tuner.study.budget import BudgetHook
 from tuner.study.evaluation import Evaluator
 from tuner.study.fingerprint import fingerprint, hardware, public_env
@@ -71,9 +72,11 @@ class Session:
                 hint="use vLLM flag names with underscores, e.g. max_num_seqs",
             )
         backend = make_backend(cfg.server, LaunchSpec(), Path(os.devnull))
-        error = check_argv(python, _flag_part(backend.argv(), cfg))
+        flags = _flag_part(backend.argv(), cfg)
+        error = check_argv(python, flags)
         if error:
             raise PreflightError(f"vLLM rejects the fixed server args: {error}")
+        _check_choices(python, flags, cfg)
         prescreen.preflight()
         self.runner.prescreen = prescreen
         self.runner.canonical.server_values = prescreen.server_values
@@ -251,6 +254,27 @@ def _sys_python() -> str:
     import sys
 
     return sys.executable
+
+
+def _check_choices(python: str, flags: list[str], config: TunerConfig) -> None:
+    """Every value a categorical param of the space may take, on top of the fixed args, read by
+    vLLM's parser in one worker (one import): a value it refuses (a scheduling policy it does
+    not have) is one line and exit 2 before the baseline, not a trial refused mid-study."""
+    specs = search_space.flatten(config.search_space)
+    tried = [
+        (p, v)
+        for p, s in specs.items()
+        if s.target == "arg"
+        for v in search_space.choices_of(s) or []
+        if v is not None
+    ]
+    argvs = [[*flags, *args_to_argv(search_space.to_launch({p: v}, specs).args)] for p, v in tried]
+    for (param, value), error in zip(tried, check_argvs(python, argvs), strict=True):
+        if error:
+            raise PreflightError(
+                f"search_space: vLLM's parser refuses {param}={value!r}: {error}",
+                hint=f"remove {value!r} from {param}'s choices",
+            )
 
 
 def _flag_part(argv: list[str], config: TunerConfig) -> list[str]:
