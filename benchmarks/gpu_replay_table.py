@@ -38,7 +38,9 @@ REACH_SHARE = 0.95  # 19 of 20 seeds
 MAX_LAUNCH_PCT = 5.0  # of the grid's launches
 LEGEND = (
     "Each strategy's cell: seeds that reached >= 97 % of the best · median launches as % of "
-    "the grid's · hand-overs truly infeasible · hand-overs worse than vLLM's defaults; `ok` "
+    "the grid's · hand-overs truly infeasible (of them, those the study claimed met every SLO "
+    "with its confidence; the rest it handed over as NOT FEASIBLE or UNDECIDED) · hand-overs "
+    "worse than vLLM's defaults; `ok` "
     "where it meets the bar (>= 19/20, <= 5 %, 0, 0), else what it misses by: seeds short of "
     "19/20 (reach -k), points of the grid's launches over 5 % (launches +x pts), infeasible "
     "and worse hand-overs over 0 (infeasible +k, worse +k). "
@@ -67,6 +69,9 @@ class Verdict:
     launch_pct: float
     infeasible: int
     worse: int
+    # of the infeasible hand-overs, those the study claimed met every SLO with its confidence:
+    # the others it handed over saying NOT FEASIBLE or UNDECIDED
+    claimed: int = 0
 
 
 # ---- gathering -------------------------------------------------------------------------------
@@ -109,7 +114,16 @@ def verdict(line: dict[str, Any], grid_size: int) -> Verdict:
     feasible, _ = count(line["final_feasible"])
     worse, _ = count(line["worse_than_defaults"])
     pct = 100.0 * float(line["median_launches"]) / grid_size
-    return Verdict(reached, seeds, pct, seeds - feasible, worse)
+    return Verdict(reached, seeds, pct, seeds - feasible, worse, false_claims(line))
+
+
+def false_claims(line: dict[str, Any]) -> int:
+    """Hand-overs claimed met but truly infeasible, from benchmarks.gpu_scoring.edge_flags
+    ("a/b infeasible, c/d feasible": b of them); 0 for an arm that claims nothing."""
+    flags = str(line.get("edge_flags") or "-")
+    if flags == "-":
+        return 0
+    return count(flags.split(" infeasible", 1)[0])[1]
 
 
 def shortfalls(v: Verdict) -> list[str]:
@@ -129,7 +143,9 @@ def shortfalls(v: Verdict) -> list[str]:
 
 def cell_text(v: Verdict) -> str:
     n = v.seeds
-    figures = f"{v.reached}/{n} · {v.launch_pct:.1f} % · {v.infeasible}/{n} · {v.worse}/{n}"
+    claimed = f" ({v.claimed} claimed met)" if v.claimed else ""
+    infeasible = f"{v.infeasible}/{n}{claimed}"
+    figures = f"{v.reached}/{n} · {v.launch_pct:.1f} % · {infeasible} · {v.worse}/{n}"
     misses = shortfalls(v)
     return f"{figures} ok" if not misses else f"{figures} **misses** {', '.join(misses)}"
 
