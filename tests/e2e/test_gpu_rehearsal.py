@@ -128,6 +128,9 @@ def overrides(preset: str) -> list[str]:
         f"server.env.TUNER_SIM_NOISE_CV={NOISE_CV[preset]}",
         f"workload.concurrency={USERS[preset]}",
         f"study.stages={STAGES[preset]}",
+        # the stages above rehearse placement in this order; a study with estimates would
+        # otherwise play its own order (tests/unit/test_stage_order.py covers that choice)
+        "study.stage_order=preset",
     ]
 
 
