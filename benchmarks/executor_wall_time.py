@@ -88,7 +88,7 @@ def table_trial(
     scale: float = 0.015,
 ) -> TrialOutcome:
     """The trial of ``launch``: its table duration (scaled), then its table numbers."""
-    args = {**config.server.args, **launch.args}
+    args = launch.resolved(config.server.args)
     tp, seqs = int(args.get("tensor_parallel_size") or 1), int(args.get("max_num_seqs") or 256)
     time.sleep(trial_s(tp) * scale)
     # Throughput grows with TP sub-linearly and saturates with the batch; latency with the batch

@@ -145,7 +145,7 @@ class Evaluator:
             cost=cfg.cost,
             slo=cfg.slo,
             device=cfg.server.device,
-            gpus_used=devices_needed({**cfg.server.args, **params}),
+            gpus_used=devices_needed(LaunchSpec(args=dict(params)).resolved(cfg.server.args)),
             gpu_model=self.gpu_model,
             cpus=len((outcome.placement.server or ()) if outcome else ()),
             energy_j=gpu.get("energy_j"),
