@@ -206,7 +206,7 @@ def test_a_noisy_rehearsal_says_so_in_its_simulated_line() -> None:
 
 
 def test_a_rehearsals_progress_lines_say_simulated_not_vllm() -> None:
-    from tuner.server.backend import served_by  # tuner.server's import registers every kind
+    from tuner.server.kinds import served_by
 
     assert served_by("vllm") == "vLLM"
     assert "SIMULATED" in served_by("simulated_gpu") and "vLLM" not in served_by("simulated_gpu")

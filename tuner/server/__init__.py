@@ -1,22 +1,16 @@
-"""Inference-server backends behind the :class:`ServerBackend` seam."""
+"""Inference-server backends behind the :class:`ServerBackend` seam, chosen by ``server.kind``
+(the table in :mod:`tuner.server.kinds`)."""
 
-from tuner.server import external as _external  # noqa: F401  (registers "external")
-from tuner.server import simulated as _simulated  # noqa: F401  (registers "simulated_gpu")
-from tuner.server import vllm as _vllm  # noqa: F401  (registers the "vllm" backend)
-from tuner.server.backend import (
-    SERVER_BACKENDS,
-    LaunchSpec,
-    ServerBackend,
-    ServerInfo,
-    make_backend,
-    prepare_host,
-)
+from tuner.server.backend import LaunchSpec, ServerBackend, ServerInfo
+from tuner.server.kinds import KINDS, make_backend, prepare_host, register_backend, served_by
 
 __all__ = [
-    "SERVER_BACKENDS",
+    "KINDS",
     "LaunchSpec",
     "ServerBackend",
     "ServerInfo",
     "make_backend",
     "prepare_host",
+    "register_backend",
+    "served_by",
 ]

@@ -14,7 +14,6 @@ from types import TracebackType
 from typing import Protocol
 
 from tuner.config import ServerConfig
-from tuner.errors import ConfigError
 from tuner.search.launch import LaunchSpec
 
 # Failure reasons a trial can report (also stored in Optuna user attrs).
@@ -93,46 +92,6 @@ class BackendFactory(Protocol):
     ) -> ServerBackend: ...
 
 
-SERVER_BACKENDS: dict[str, BackendFactory] = {}
-
-
-# Per kind, what the tuner's own process must know before it looks at the host (its GPUs'
-# inventory, a fingerprint): a simulated host's GPUs are seen through a simulated NVML.
+# What the tuner's own process must know before it looks at the host (its GPUs' inventory, a
+# fingerprint): a simulated host's GPUs are seen through a simulated NVML.
 HostSetup = Callable[[ServerConfig], None]
-HOST_SETUPS: dict[str, HostSetup] = {}
-
-
-# Per kind, what a launch of it measures, in the words a progress line uses: a rehearsal's
-# lines must say it measures a simulation, never "vLLM".
-SERVED: dict[str, str] = {}
-
-
-def register_backend(
-    kind: str, factory: BackendFactory, host: HostSetup | None = None, serves: str = "vLLM"
-) -> None:
-    SERVER_BACKENDS[kind] = factory
-    SERVED[kind] = serves
-    if host is not None:
-        HOST_SETUPS[kind] = host
-
-
-def served_by(kind: str) -> str:
-    """What a launch of ``kind`` measures, for the lines a user reads."""
-    return SERVED.get(kind, kind)
-
-
-def prepare_host(config: ServerConfig) -> None:
-    """Run the host set-up ``config.kind`` registered, if any (before any telemetry)."""
-    setup = HOST_SETUPS.get(config.kind)
-    if setup is not None:
-        setup(config)
-
-
-def make_backend(config: ServerConfig, launch: LaunchSpec, log_path: Path) -> ServerBackend:
-    """Build the backend named by ``config.kind``."""
-    try:
-        factory = SERVER_BACKENDS[config.kind]
-    except KeyError:
-        known = ", ".join(sorted(SERVER_BACKENDS)) or "none"
-        raise ConfigError(f"server.kind={config.kind!r} is unknown (known: {known})") from None
-    return factory(config, launch, log_path)

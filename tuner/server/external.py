@@ -201,6 +201,3 @@ class ExternalServer:
         tb: TracebackType | None,
     ) -> None:
         self.stop()
-
-
-backend.register_backend("external", ExternalServer, serves="the external endpoint")

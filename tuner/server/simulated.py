@@ -74,7 +74,7 @@ def system_of(config: ServerConfig) -> str:
     return system
 
 
-def prepare_host(config: ServerConfig) -> None:
+def simulated_host(config: ServerConfig) -> None:
     """Point this process (and the trial processes it starts, which inherit its environment)
     at the simulated host's GPUs, of the declared system and count. Without a system nothing
     is pointed anywhere, and the first launch is refused (:meth:`SimulatedGpuServer.preflight`)."""
@@ -109,8 +109,3 @@ class SimulatedGpuServer(VllmServer):
         modelled = GPU_STARTUP_RE.findall(log_tail(self.log_path, lines=200))
         info.gpu_startup_s = float(modelled[-1]) if modelled else None
         return info
-
-
-backend.register_backend(
-    "simulated_gpu", SimulatedGpuServer, host=prepare_host, serves="the SIMULATED GPU host"
-)

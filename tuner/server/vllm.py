@@ -337,6 +337,3 @@ class VllmServer:
         tb: TracebackType | None,
     ) -> None:
         self.stop()
-
-
-backend.register_backend("vllm", VllmServer)

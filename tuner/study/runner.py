@@ -30,7 +30,7 @@ from tuner.schema import (
     stage_study,
 )
 from tuner.search.samplers import make_sampler
-from tuner.server.backend import served_by
+from tuner.server.kinds import served_by
 from tuner.study.acceptance import Decision
 from tuner.study.budget import BudgetHook, LaunchBudget, modelled_extra, planned_launches
 from tuner.study.canonical import Canonical
