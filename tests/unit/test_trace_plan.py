@@ -163,3 +163,24 @@ def test_a_trace_window_that_replays_nothing_stops_before_any_server_starts(
     assert rc == 2
     assert len(err) == 1 and err[0].startswith("tuner: error:") and message in err[0], err
     assert not list(tmp_path.rglob("server.log"))  # nothing was launched
+
+
+def test_a_trace_trial_says_what_the_trace_sends(tiny_model: Path) -> None:
+    """The load line of a trace replay describes the trace (its requests, rate and gaps),
+    never the open loop's unused ``rate`` (it said "open loop 1 req/s, burstiness 1")."""
+    from tuner.composition import compose
+    from tuner.trial.run import _shape
+
+    config = compose(["workload=trace", "workload.warmup_s=1", "workload.window_s=29"])
+    config.server.args["tokenizer"] = str(tiny_model)
+    line = _shape(config)
+    plan = wl.build_plan(config.workload, str(tiny_model))
+    times = sorted(p.arrival_s for p in plan if p.arrival_s is not None)
+    rate = (len(times) - 1) / (times[-1] - times[0])
+    assert config.workload.trace is not None
+    start = config.workload.trace.start_s
+    assert line.startswith(f"trace azure_code_2023_sample.csv from {start:g} s, x1: ")
+    assert f"{len(times)} requests" in line and f"{rate:.2f} req/s" in line
+    assert "gap CV" in line and "open loop" not in line
+    # an untimed plan has no arrival shape
+    assert wl.arrival_shape([p for p in plan][:1]) is None

@@ -371,6 +371,20 @@ def build_plan(
     return list(_PLAN_CACHE[key])
 
 
+def arrival_shape(plan: Sequence[PlannedRequest]) -> str | None:
+    """A timed plan's arrivals (a trace's) in words: how many requests over how long, their
+    rate and the coefficient of variation of the gaps between them (1: Poisson-like, > 1
+    bursty); None for a plan without arrival times."""
+    times = sorted(p.arrival_s for p in plan if p.arrival_s is not None)
+    span = times[-1] - times[0] if len(times) > 1 else 0.0
+    if span <= 0:
+        return None
+    gaps = np.diff(times)
+    cv = float(gaps.std() / gaps.mean())
+    rate = (len(times) - 1) / span
+    return f"{len(times)} requests over {span:.0f} s, {rate:.2f} req/s, gap CV {cv:.2f}"
+
+
 def write_plan(path: Path, plan: Sequence[PlannedRequest]) -> None:
     path.write_text("".join(p.to_json() + "\n" for p in plan), encoding="utf-8")
 

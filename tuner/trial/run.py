@@ -17,11 +17,11 @@ from collections.abc import Callable, Iterator
 from dataclasses import replace
 
 from tuner.config import TunerConfig
-from tuner.errors import LoadGenError, ServerError
+from tuner.errors import LoadGenError, ServerError, TunerError
 from tuner.host import placement
 from tuner.loadgen import LoadResult, Target, client_capacity, get_load_generator
 from tuner.loadgen.client_capacity import REASON_CLIENT_SATURATED
-from tuner.loadgen.request_plan import build_plan
+from tuner.loadgen.request_plan import arrival_shape, build_plan
 from tuner.measurement.records import RequestRecord, read_records
 from tuner.measurement.stats import Measurements, event_rate, measure, span_means
 from tuner.paths import TrialPaths
@@ -371,6 +371,14 @@ class _Watchdog:
 
 def _shape(config: TunerConfig) -> str:
     wl = config.workload
+    if wl.trace is not None:  # what the trace sends, not the open loop's unused rate
+        t = wl.trace
+        head = f"trace {os.path.basename(t.path)} from {t.start_s:g} s, x{t.rate_scale:g}"
+        try:
+            shape = arrival_shape(build_plan(wl, config.server.tokenizer))
+        except TunerError:  # the load phase reports a trace it cannot read, with its reason
+            shape = None
+        return f"{head}: {shape}" if shape else head
     if wl.mode == "open":
         return f"open loop {wl.rate:g} req/s, burstiness {wl.burstiness:g}"
     return f"closed loop, {wl.concurrency} users"
