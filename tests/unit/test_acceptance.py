@@ -201,7 +201,7 @@ def test_resolvable_gain_grows_with_noise_shrinks_with_repeats_and_respects_min_
 
 def test_resolution_line_states_the_spread_and_what_to_raise() -> None:
     line = resolution_line("output_token_rate", _shaped(3000, [-1, 0, 1], 810), 2, 0.02)
-    assert "CV 27%" in line and "above ~" in line and "workload.window_s" in line
+    assert "CV 27%" in line and "a gain must exceed ~" in line and "workload.window_s" in line
     assert "unknown" in resolution_line("output_token_rate", [3000.0], 2, 0.02)
 
 

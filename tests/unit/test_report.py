@@ -109,8 +109,8 @@ def test_every_figure_is_a_png_even_without_data(report: Report) -> None:
 def test_summary_note_and_page_tell_the_decision_and_the_best_config(report: Report) -> None:
     text = summary_text(report)
     assert (
-        "stage batching: ACCEPTED: output_throughput 1000 -> 1490 (gain +490, needed > 60; n=2+2)"
-        " - gain exceeds the measured noise" in text
+        "stage batching: ACCEPTED, output_throughput 1000 → 1490 (+49%; a gain must exceed 6% "
+        "to count) - gain exceeds the measured noise" in text
     )
     assert "search window batching#4 (one window, not confirmed)" in text
     assert "best config: final incumbent (batching trial 4)" in text
@@ -218,8 +218,8 @@ def test_kept_headline_note_and_tables_state_the_decision(kept: Report) -> None:
             "p99_e2e_latency 0.562, output_throughput 2425" in shown
         )
         assert (
-            "stage memory: kept incumbent: output_throughput 2487 -> 2573 "
-            "(gain +86, needed > 695; n=5+3, noise over 6 df) - gain within the measured noise"
+            "stage memory: kept the incumbent, output_throughput 2487 → 2573 "
+            "(+3%; a gain must exceed 28% to count) - gain within the measured noise"
             in shown
         )
         assert "search window memory#3 (one window, not confirmed)" in shown

@@ -321,7 +321,11 @@ def test_a_later_stage_is_judged_with_the_noise_an_earlier_one_saw(
     # baseline and 512's 3 (4 + 2 + 2 df)
     assert (first.noise_df, second.noise_df) == (4, 8)
     assert not second.accepted and second.noise > second.gain > 0.03 * 1000
-    assert "noise over 8 df" in second.line()
+    # the line gives the change and the gain the rule asked for, in % of the incumbent; the
+    # degrees of freedom stay in the stored decision
+    threshold = second.threshold / abs(second.incumbent_mean)
+    assert f"a gain must exceed {threshold:.0%} to count" in second.line()
+    assert "df" not in second.line()
 
 
 def test_a_failed_repeat_disqualifies_the_candidate(tmp_path: Path) -> None:

@@ -181,21 +181,26 @@ class Decision:
         return cls(**fields_)
 
     def line(self) -> str:
-        verdict = "ACCEPTED" if self.accepted else "kept incumbent"
+        """The decision in plain words: the change of the selection objective and the change
+        the rule asked for (noise and study.min_gain), both in % of the incumbent; the windows
+        and degrees of freedom behind them are in the stored decision and the report."""
+        verdict = "ACCEPTED" if self.accepted else "kept the incumbent"
         if not self.candidate_values:
             return f"stage {self.stage}: {verdict} ({self.reason})"
         return (
-            f"stage {self.stage}: {verdict}: {self.objective} {self.incumbent_mean:.4g} -> "
-            f"{self.candidate_mean:.4g} (gain {self.gain:+.4g}, needed > {self.threshold:.4g}; "
-            f"n={len(self.incumbent_values)}+{len(self.candidate_values)}{self._df()}) - "
-            f"{self.reason}{self._others()}"
+            f"stage {self.stage}: {verdict}, {self.objective} {self.incumbent_mean:.4g} → "
+            f"{self.candidate_mean:.4g} ({self._change()}) - {self.reason}{self._others()}"
         )
+
+    def _change(self) -> str:
+        base = abs(self.incumbent_mean)
+        if not base or not math.isfinite(self.threshold):
+            return f"gain {self.gain:+.4g}, needed > {self.threshold:.4g}"
+        change = (self.candidate_mean - self.incumbent_mean) / base
+        return f"{change:+.0%}; a gain must exceed {self.threshold / base:.0%} to count"
 
     def _others(self) -> str:
         return "; " + ", ".join(o.text() for o in self.others) if self.others else ""
-
-    def _df(self) -> str:
-        return "" if self.noise_df is None else f", noise over {self.noise_df} df"
 
 
 def _sem2(values: np.ndarray) -> float:
@@ -319,8 +324,10 @@ def resolution_line(
     x = np.asarray(samples, float)
     cv = float(np.std(x, ddof=1) / abs(x.mean()))
     return (
-        f"baseline {objective}: {x.mean():.4g} over {len(x)} windows, CV {cv:.0%}: a stage can "
-        f"prove gains above ~{gain:.0%} ({noise_advice(NoiseSplit.of([s for s in slices if s]))})"
+        f"baseline {objective}: {x.mean():.4g} over {len(x)} windows, CV {cv:.0%}: at this noise "
+        f"a gain must exceed ~{gain:.0%} to count (each stage states its own, with the noise "
+        f"of every configuration measured by then; "
+        f"{noise_advice(NoiseSplit.of([s for s in slices if s]))})"
     )
 
 
