@@ -7,6 +7,7 @@ cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 echo "[test] ruff";  .venv/bin/ruff check . && .venv/bin/ruff format --check .
 echo "[test] mypy";  .venv/bin/mypy
+echo "[test] docs";  .venv/bin/mkdocs build --strict --quiet
 if [ "$#" -gt 0 ]; then  # the tests you name, as pytest takes them
   echo "[test] pytest $*"
   exec .venv/bin/python -m pytest "$@"
