@@ -377,3 +377,27 @@ def test_hit_rate_is_the_share_of_queried_prefix_tokens_hit_between_two_scrapes(
     after = counter_deltas(before, {hits: 130.0, queries: 1100.0})
     assert after["prefix_cache_hit_rate"] == pytest.approx(0.3)
     assert "prefix_cache_hit_rate" not in counter_deltas(before, dict(before))  # nothing queried
+
+
+def test_speculative_decoding_acceptance_over_the_window() -> None:
+    """vLLM's spec-decode counters, as its exposition writes them (labels per engine), read as
+    the share of proposed tokens accepted and the mean acceptance length (1 + accepted per
+    draft); nothing where no draft was proposed."""
+    from tuner.telemetry.metrics import counter_deltas, parse_metrics
+
+    def exposition(drafts: int, proposed: int, accepted: int) -> str:
+        labels = '{engine="0",model_name="m"}'
+        return "".join(
+            f"# HELP vllm:{name} x\n# TYPE vllm:{name} counter\nvllm:{name}_total{labels} {v}\n"
+            for name, v in (
+                ("spec_decode_num_drafts", drafts),
+                ("spec_decode_num_draft_tokens", proposed),
+                ("spec_decode_num_accepted_tokens", accepted),
+            )
+        )
+
+    before, after = parse_metrics(exposition(10, 30, 12)), parse_metrics(exposition(110, 330, 132))
+    rates = counter_deltas(before, after)
+    assert rates["spec_decode_acceptance_rate"] == pytest.approx(120 / 300)
+    assert rates["spec_decode_mean_acceptance_length"] == pytest.approx(1 + 120 / 100)
+    assert "spec_decode_acceptance_rate" not in counter_deltas(before, before)

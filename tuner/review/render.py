@@ -34,6 +34,7 @@ FIGURE_TITLES = {
 }
 SUMMARY_COLS = ["label", "role", "status", "feasible", "pareto", "bottleneck"]
 HIT_RATE = "prefix_cache_hit_rate"
+SPEC_RATE = "spec_decode_acceptance_rate"
 
 
 def _fmt(value: Any) -> str:
@@ -240,7 +241,8 @@ def html_page(report: Report) -> str:
     objectives = [n for n in report.review.objectives if n in t]
     # vLLM's prefix-cache hit rate, where any trial's server looked a prefix up: what the
     # memory stage's prefix caching is judged on, beside its objectives
-    hits = [HIT_RATE] if HIT_RATE in t and t[HIT_RATE].notna().any() else []
+    # and, where any trial decoded speculatively, the share of proposed tokens vLLM accepted
+    hits = [c for c in (HIT_RATE, SPEC_RATE) if c in t and t[c].notna().any()]
     overview = t[[*SUMMARY_COLS, *objectives, *hits, "bottleneck_evidence"]] if not t.empty else t
     summary = "".join(f"<li>{html.escape(line)}</li>" for line in headline(report))
     figures = "".join(_figure(n, d) for n, d in report.figures.items())

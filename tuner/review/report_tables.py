@@ -88,6 +88,10 @@ def _row(review: Review, view: TrialView, pareto: set[str], reusers: list[str]) 
         "bottleneck_evidence": "; ".join(diag.evidence),
         # vLLM's own prefix-cache hits over queries in the trial (None: no cache or no query)
         "prefix_cache_hit_rate": view.telemetry.get("metrics", {}).get("prefix_cache_hit_rate"),
+        # with --speculative-config: the share of proposed tokens vLLM accepted in the trial
+        "spec_decode_acceptance_rate": view.telemetry.get("metrics", {}).get(
+            "spec_decode_acceptance_rate"
+        ),
         "duration_s": view.trial.duration.total_seconds() if view.trial.duration else None,
         "folder": a.get("folder") or "",
     }

@@ -38,6 +38,10 @@ COUNTERS = {
     "prompt_tokens": "vllm:prompt_tokens_total",
     "generation_tokens": "vllm:generation_tokens_total",
     "requests_succeeded": "vllm:request_success_total",
+    # speculative decoding (--speculative-config): proposals, proposed and accepted tokens
+    "spec_decode_drafts": "vllm:spec_decode_num_drafts_total",
+    "spec_decode_draft_tokens": "vllm:spec_decode_num_draft_tokens_total",
+    "spec_decode_accepted_tokens": "vllm:spec_decode_num_accepted_tokens_total",
 }
 HISTOGRAMS = {  # summary key -> histogram name; the mean over the window is delta sum / delta count
     "server_ttft_mean_s": "vllm:time_to_first_token_seconds",
@@ -171,7 +175,26 @@ def counter_deltas(first: dict[str, float], last: dict[str, float]) -> dict[str,
     queries = out.get("prefix_cache_queries", 0.0)
     if queries > 0:
         out["prefix_cache_hit_rate"] = out.get("prefix_cache_hits", 0.0) / queries
+    out.update(spec_decode_rates(out))
     return out
+
+
+def spec_decode_rates(deltas: dict[str, float]) -> dict[str, float]:
+    """What speculative decoding achieved over the deltas, as vLLM defines it: the share of
+    proposed tokens the target model accepted, and the mean acceptance length (tokens a step
+    yields per draft: the target's own one plus the accepted ones). Empty where nothing was
+    proposed (no --speculative-config, or no decode step in the window)."""
+    drafts, proposed = (
+        deltas.get("spec_decode_drafts", 0.0),
+        deltas.get("spec_decode_draft_tokens", 0.0),
+    )
+    if proposed <= 0 or drafts <= 0:
+        return {}
+    accepted = deltas.get("spec_decode_accepted_tokens", 0.0)
+    return {
+        "spec_decode_acceptance_rate": accepted / proposed,
+        "spec_decode_mean_acceptance_length": 1.0 + accepted / drafts,
+    }
 
 
 def histogram_means(first: dict[str, float], last: dict[str, float]) -> dict[str, float]:
