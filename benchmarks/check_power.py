@@ -15,7 +15,7 @@ regression caught in at least 9 of 10 checks is the detection figure:
 Extra arguments are Hydra overrides for the study (the workload every check then replays).
 
 ``--fake`` asks the question per objective, in minutes: what does the check catch of a
-regression of known size? A streaming fake (benchmarks/fake_openai.py) serves the evidence's
+regression of known size? A streaming fake (tuner.testing.sse_server) serves the evidence's
 windows, then is slowed by a known amount (benchmarks/check_power_fake.py says how) and the
 real `tuner check` runs ``--checks`` times against each setting:
 

@@ -1,6 +1,6 @@
 """What does `tuner check` catch on each objective? Regressions of known size on a fake server.
 
-The evidence is ``--baseline`` windows of a streaming fake (benchmarks/fake_openai.py: 50 ms to
+The evidence is ``--baseline`` windows of a streaming fake (tuner.testing.sse_server: 50 ms to
 the first token, 10 ms a token, 8 users, every delay drifting by ``--drift-sd`` a second as a
 busy host's do) measured as the check measures, its noise theirs. Then
 the same server is slowed by 1+X and the real `tuner check` CLI runs ``--checks`` times against
@@ -26,13 +26,12 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from benchmarks.fake_openai import Delays, FakeOpenAI
 from benchmarks.layout import ROOT, machine, results
 from tuner import (
     CheckEndpoint,
@@ -44,6 +43,7 @@ from tuner import (
     measure_window,
     read_reference,
 )
+from tuner.testing.sse_server import FakeConfig, FakeServer
 
 MODEL = ROOT / "models" / "tiny-llama"
 P99, TPUT = "p99_e2e_latency", "output_throughput"
@@ -72,19 +72,27 @@ def workload(args: argparse.Namespace) -> WorkloadConfig:
     )
 
 
-def settings(drift_sd: float) -> list[tuple[str, str | None, float, Delays]]:
-    """(label, the objective regressed or None, X, the delays that make it)."""
-    noise = {"drift_sd": drift_sd}
-    out: list[tuple[str, str | None, float, Delays]] = [("unchanged", None, 0.0, Delays(**noise))]
+def unchanged(drift_sd: float) -> FakeConfig:
+    """The fake as the evidence measures it: 50 ms to the first token, 10 ms a token, serving
+    the model the evidence names, and, like vLLM, no keep-alive comments between tokens."""
+    return FakeConfig(
+        ttft_s=0.05, itl_s=0.01, model=str(MODEL), keepalive_comments=False, drift_sd=drift_sd
+    )
+
+
+def settings(drift_sd: float) -> list[tuple[str, str | None, float, FakeConfig]]:
+    """(label, the objective regressed or None, X, the fake's behaviour that makes it)."""
+    base = unchanged(drift_sd)
+    out: list[tuple[str, str | None, float, FakeConfig]] = [("unchanged", None, 0.0, base)]
     out += [
-        (f"P99 E2E +{x:.0%}", P99, x, Delays(slow_every=10, slow_factor=1 + x, **noise))
+        (f"P99 E2E +{x:.0%}", P99, x, replace(base, slow_every=10, slow_factor=1 + x))
         for x in SIZES
     ]
-    out += [(f"throughput, {x:.0%} slower", TPUT, x, Delays(factor=1 + x, **noise)) for x in SIZES]
+    out += [(f"throughput, {x:.0%} slower", TPUT, x, replace(base, factor=1 + x)) for x in SIZES]
     return out
 
 
-def evidence(fake: FakeOpenAI, tmp: Path, args: argparse.Namespace) -> Path:
+def evidence(fake: FakeServer, tmp: Path, args: argparse.Namespace) -> Path:
     """evidence.json of ``--baseline`` windows of the unchanged fake, as `tuner export` writes."""
     wl, slo = workload(args), SloConfig(max_error_rate=0.01)
     check: dict[str, Any] = {
@@ -192,14 +200,13 @@ def run(args: argparse.Namespace) -> int:
     levels = []
     with (
         tempfile.TemporaryDirectory(prefix="check-power-fake-") as name,
-        FakeOpenAI(str(MODEL)) as fake,
+        FakeServer(unchanged(args.drift_sd)) as fake,
     ):
         tmp = Path(name)
-        fake.set(Delays(drift_sd=args.drift_sd))
         path = evidence(fake, tmp, args)
         reference = json.loads(path.read_text())["check"]
-        for label, target, x, delays in settings(args.drift_sd):
-            fake.set(delays)
+        for label, target, x, config in settings(args.drift_sd):
+            fake.reset(config)
             checks = []
             for i in range(args.checks):
                 checks.append(one_check(fake.url, path, tmp / label / str(i), args))

@@ -1,6 +1,6 @@
 """What the Ray tests share: a study of the stand-in GPU server (tests/fakes/gpu_server.py)
-through the real runner, trial and load generator; Ray's workers given the fake NVML; and a
-check that a Ray instance left nothing running.
+through the real runner, trial and load generator; Ray's workers given the simulated host's
+NVML (tuner.simulation.fake_nvml); and a check that a Ray instance left nothing running.
 
 Run as a module it is a driver: ``python -m tests.fakes.ray_study <overrides>`` runs `tuner
 run`'s StudyRunner on the composed config (without the session's vLLM preflight: the stand-in
@@ -20,8 +20,10 @@ from typing import Any
 import psutil
 
 from tests.conftest import ROOT, TINY_MODEL
+from tuner.simulation import fake_nvml
+from tuner.telemetry.nvml import NVML_MODULE_ENV
 
-FAKE_NVML = ROOT / "tests" / "fakes" / "nvml"
+GPUS = 8  # the GPUs NVML sees in Ray's workers: no fewer than a test's Ray instance declares
 RAY_PROCESSES = (
     "raylet",
     "gcs_server",
@@ -34,7 +36,7 @@ RAY_PROCESSES = (
 )
 
 # The stand-in server as `vllm serve` on a GPU host: the real vLLM backend starts it, Locust
-# loads it, telemetry samples its GPUs (through the fake NVML of Ray's workers).
+# loads it, telemetry samples its GPUs (through the simulated NVML of Ray's workers).
 STANDIN = [
     "server=vllm_gpu",
     f"server.model={TINY_MODEL}",
@@ -55,11 +57,16 @@ STANDIN = [
 
 
 def worker_env(record: Path, startup_s: float = 1.0) -> dict[str, Any]:
-    """Ray's runtime_env for the workers: the fake NVML first on the path, the stand-in's
-    record file and its start-up time."""
+    """Ray's runtime_env for the workers: NVML's GPUs simulated ones (idle: the stand-in
+    writes no state into their folder, kept beside the record), the repository on the path
+    (the stand-in is a module of its tests), the stand-in's record file and its start-up
+    time."""
     return {
         "env_vars": {
-            "PYTHONPATH": f"{FAKE_NVML}:{ROOT}",
+            NVML_MODULE_ENV: fake_nvml.__name__,
+            fake_nvml.COUNT_ENV: str(GPUS),
+            fake_nvml.STATE_ENV: str(record.parent / "gpus"),
+            "PYTHONPATH": str(ROOT),
             "TUNER_FAKE_GPU_RECORD": str(record),
             "TUNER_FAKE_STARTUP_S": str(startup_s),
         }

@@ -7,7 +7,9 @@ client that reads streams late (buffering) or mis-times TTFT/ITL fails here.
 from __future__ import annotations
 
 import itertools
+import math
 import os
+import random
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -16,6 +18,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+import requests
 
 from tuner.config import SloConfig
 from tuner.config.workload import LengthDist, RequestClass, WorkloadConfig
@@ -245,6 +248,26 @@ def test_slow_answers_time_out(fake: FakeServer, tok_dir: str, tmp_path: Path) -
     _, records = _run(fake, tok_dir, tmp_path, workload)
     assert len(records) >= 4 and {r.error_kind for r in records} == {ERROR_TIMEOUT}
     assert all(r.status == 200 and r.ttft_s is None for r in records)  # headers came, no token
+
+
+def _first_token_s(fake: FakeServer) -> float:
+    """One streamed completion's first-token delay, as the fake server achieved it."""
+    body = {"model": MODEL, "prompt": "a b", "max_tokens": 2, "stream": True}
+    requests.post(f"{fake.url}/v1/completions", json=body, timeout=10).raise_for_status()
+    return fake.timings[-1].first_token_s
+
+
+def test_the_fake_slows_by_its_factor_and_drifts_by_the_period(fake: FakeServer) -> None:
+    """Regressions of known size for the benchmarks: ``factor`` stretches every delay, and the
+    drift stretches them by the lognormal draw seeded by the period, shared by its requests."""
+    ttft, late = 0.05, 0.1  # the schedule is never early; on a busy host it runs late
+    fake.reset(FakeConfig(ttft_s=ttft, factor=3.0))
+    assert 3 * ttft <= _first_token_s(fake) < 3 * ttft + late
+    # A period longer than the host has been up: every request falls in period 0
+    fake.reset(FakeConfig(ttft_s=ttft, drift_sd=1.0, drift_period_s=1e12))
+    drift = math.exp(random.Random(0).gauss(0.0, 1.0))  # period 0's draw: x2.56
+    for _ in range(2):
+        assert drift * ttft <= _first_token_s(fake) < drift * ttft + late
 
 
 def test_refused_connections_are_connection_errors(tok_dir: str, tmp_path: Path) -> None:

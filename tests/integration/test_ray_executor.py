@@ -3,7 +3,7 @@
 Ray's scheduling and its CUDA_VISIBLE_DEVICES assignment are its real ones; only the GPU
 hardware is faked: the server is a stand-in that records the devices it saw
 (tests/fakes/gpu_server.py, started by the real vLLM backend and loaded by real Locust), and
-NVML is faked at the pynvml call boundary in Ray's workers (tests/fakes/nvml). The instance
+NVML is the simulated host's in Ray's workers (tuner.simulation.fake_nvml). The instance
 listens on 127.0.0.1 only and is shut down at the end of the module, with nothing left running.
 """
 
@@ -26,6 +26,7 @@ import pytest
 
 from tests.conftest import ROOT
 from tests.fakes.ray_study import (
+    GPUS,
     STANDIN,
     no_trial_left,
     ray_processes,
@@ -38,6 +39,7 @@ from tests.fakes.ray_study import (
 from tuner.composition import compose
 from tuner.executor.cluster import loopback_only
 from tuner.schema import Role, TrialAttr
+from tuner.simulation.fake_nvml import uuid_of
 from tuner.study.evaluation import Evaluator
 from tuner.study.runner import StudyRunner
 
@@ -59,7 +61,7 @@ def local(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Local]:
     record = tmp_path_factory.mktemp("ray") / "servers.jsonl"
     ray.init(
         num_cpus=16,
-        num_gpus=8,
+        num_gpus=GPUS,
         include_dashboard=False,
         log_to_driver=False,
         runtime_env=worker_env(record),
@@ -121,7 +123,7 @@ def test_trials_of_tp_1_2_4_8_run_side_by_side_on_their_own_gpus(
         gpus = devices["cuda_visible_devices"].split(",")
         assert len(gpus) == t.params.get("tensor_parallel_size", 1) == len(set(gpus))
         assert devices["gpu_ids"] == gpus  # Ray's assignment is what the server got ...
-        assert devices["gpus_sampled"] == [f"GPU-fake-{int(g):04d}" for g in gpus]  # ... and NVML
+        assert devices["gpus_sampled"] == [uuid_of(int(g)) for g in gpus]  # ... and NVML's
         folder = Path(t.user_attrs[TrialAttr.FOLDER])
         assert folder.parent == tmp_path / "tp" / "trials"  # brought back to the driver
         (seen,) = [r for r in server_lines(folder) if r["event"] == "start"]

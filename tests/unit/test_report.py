@@ -219,8 +219,7 @@ def test_kept_headline_note_and_tables_state_the_decision(kept: Report) -> None:
         )
         assert (
             "stage memory: kept the incumbent, output_throughput 2487 → 2573 "
-            "(+3%; a gain must exceed 28% to count) - gain within the measured noise"
-            in shown
+            "(+3%; a gain must exceed 28% to count) - gain within the measured noise" in shown
         )
         assert "search window memory#3 (one window, not confirmed)" in shown
         assert "output_throughput 2568 (+5.9%)" in shown and "0.438 (-22.1%)" in shown

@@ -11,6 +11,13 @@ Fault injection (deterministic, by arrival order, 1-based): every ``fail_every``
 503; every ``drop_every``-th request has its connection closed after ``drop_after`` tokens;
 every ``slow_every``-th request takes ``slow_factor`` times its delays (a tail of known size).
 
+A regression of known size is then a setting, not a guess: ``factor`` multiplies every request's
+delays (``factor=1.5`` streams each 1.5 times as long, so a closed loop serves 1/1.5 of the
+tokens), while ``slow_every=10, slow_factor=2`` doubles the slowest tenth (the P99 doubles, the
+throughput hardly moves). A real host is not that steady: ``drift_sd`` multiplies every delay by
+a factor drawn afresh each ``drift_period_s`` (lognormal, seeded by the period), so windows
+differ as a busy host's do, by about ``drift_sd / sqrt(window_s / drift_period_s)``.
+
 Run standalone: ``python -m tuner.testing.sse_server --port 8123 --ttft 0.2 --itl 0.02``.
 """
 
@@ -19,6 +26,8 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import math
+import random
 import socket
 import sys
 import threading
@@ -46,6 +55,9 @@ class FakeConfig:
     keepalive_comments: bool = True  # send `: ping` lines, which clients must skip
     slow_every: int = 0
     slow_factor: float = 1.0
+    factor: float = 1.0  # every request's delays times this (a slowdown of known size)
+    drift_sd: float = 0.0  # the sd of log(the host's slowdown); 0: a steady host
+    drift_period_s: float = 1.0  # how long one drawn slowdown lasts
 
 
 @dataclass
@@ -74,7 +86,7 @@ def _sse(obj: Any) -> bytes:
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     server: _Server
-    scale = 1.0  # this request's delays over the configured ones (``slow_every``)
+    scale = 1.0  # this request's delays over the configured ones (tail, slowdown, drift)
 
     def setup(self) -> None:
         super().setup()
@@ -149,7 +161,7 @@ class _Handler(BaseHTTPRequestHandler):
             self._error(404, f"The model `{body.get('model')}` does not exist.")
             return
         drop = bool(cfg.drop_every and n % cfg.drop_every == 0)
-        self.scale = cfg.slow_factor if cfg.slow_every and n % cfg.slow_every == 0 else 1.0
+        self.scale = _scale(cfg, n, arrival)
         try:
             with self.fake.running():
                 self._complete(body, arrival, drop, chat=self.path.endswith("chat/completions"))
@@ -207,6 +219,21 @@ class _Handler(BaseHTTPRequestHandler):
                 timing.gaps_s.append(now - last)
             last = now
         return True
+
+
+def _scale(cfg: FakeConfig, n: int, arrival: float) -> float:
+    """Request ``n``'s delays over the configured ones: its tail, the slowdown, the drift."""
+    tail = cfg.slow_factor if cfg.slow_every and n % cfg.slow_every == 0 else 1.0
+    return tail * cfg.factor * _drift(cfg, arrival)
+
+
+def _drift(cfg: FakeConfig, now: float) -> float:
+    """The host's slowdown in the period ``now`` falls in (1.0 without drift). Seeded by the
+    period's number, so every request of a period shares it without the server keeping any."""
+    if cfg.drift_sd <= 0:
+        return 1.0
+    period = int(now / cfg.drift_period_s)
+    return math.exp(random.Random(period).gauss(0.0, cfg.drift_sd))
 
 
 def _prompt_tokens(body: dict[str, Any]) -> int:
