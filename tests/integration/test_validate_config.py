@@ -222,3 +222,34 @@ def _screened_run(
         runner.canonical.server_values = runner.prescreen.server_values
     runner.run()
     return runner, launched
+
+
+@pytest.mark.parametrize(
+    ("preset", "group"), [("runtime_gpu", "runtime"), ("speculative", "speculative")]
+)
+def test_every_runtime_and_speculative_value_passes_vllms_parser_and_config(
+    validator: ConfigValidator, preset: str, group: str
+) -> None:
+    """Each value of the GPU runtime and speculative groups, one at a time on top of the fixed
+    args, as vLLM's CPU build reads it (tests/e2e/test_runtime_vllm.py runs them)."""
+    import sys
+
+    from tuner.search import space as search_space
+    from tuner.study.session import _check_choices
+
+    config = compose([f"search_space=[{preset}]", f"study.stages=[{group}]"])
+    _check_choices(sys.executable, [], config)  # the parser: one worker for every value
+    specs = search_space.flatten(config.search_space)
+    for param, spec in specs.items():
+        for value in search_space.choices_of(spec) or []:
+            launch = search_space.to_launch({param: value}, specs)
+            assert validator.check(launch) is None, (param, value)
+
+
+def test_a_combination_vllm_refuses_is_one_line_with_its_reason(validator: ConfigValidator) -> None:
+    ngram = '{"method": "ngram", "num_speculative_tokens": 2}'
+    both = validator.check(_launch(async_scheduling=True, speculative_config=ngram))
+    assert both is not None and "\n" not in both.line()
+    assert "async scheduling is only supported with" in both.line()
+    level = validator.check(_launch(optimization_level=4))
+    assert level is not None and "optimization_level" in level.line()

