@@ -267,3 +267,28 @@ def test_evidence_without_slos_asks_90_percent_and_a_bad_target_is_refused(
     bad = write_evidence(tmp_path / "bad.json", {**evidence(), "slos": {"target": 1.5}})
     with pytest.raises(ConfigError, match=r"slos.target must be in \(0.5, 1\)"):
         evidence_slo_target(bad)
+
+
+def test_a_class_slo_of_the_evidence_gets_its_own_row(tmp_path: Path) -> None:
+    """A study with an SLO per request class hands over evidence whose slo block names it;
+    the check judges that class's own windows, in a row of its own beside the totals'."""
+    from dataclasses import replace
+
+    from tuner.measurement.measurements import ClassStats
+
+    data = evidence()
+    data["slo"] = {**data["slo"], "classes": {"chat": {"p99_ttft_s": 0.5}}}
+    ref = read_reference(write_evidence(tmp_path / "e.json", data))
+
+    def with_chat(chat_p99: float) -> Measurements:
+        m = measurements(1000.0, 1.0)
+        chat = MetricStats(n=50, p50=chat_p99 / 2, p99=chat_p99)
+        stats = ClassStats(chat, MetricStats(), chat, 50, 50, 0, 0.0, 500.0, 5.0)
+        return replace(m, by_class={"chat": stats})
+
+    rows = {r.name: r for r in verdict_rows(ref, [with_chat(0.6), with_chat(0.62)])}
+    assert rows["slo_chat_p99_ttft"].verdict == "violated"  # 0.61 s against 0.5 s
+    assert rows["slo_chat_p99_ttft"].measured == pytest.approx(0.61 / 0.5 - 1)
+    assert rows["slo_p99_e2e"].verdict == "met"  # the totals' row is still there
+    met = {r.name: r for r in verdict_rows(ref, [with_chat(0.3), with_chat(0.32)])}
+    assert met["slo_chat_p99_ttft"].verdict == "met"

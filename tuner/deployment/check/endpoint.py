@@ -146,11 +146,12 @@ class Scoring:
     def violations(self, windows: Sequence[Measurements]) -> dict[str, float]:
         """Each constraint's mean violation over the windows (<= 0: met), for those that apply
         (an SLO that is not set reports the same "unset" value in every window)."""
+        # the study's constraints, and each class SLO the evidence sets (a constraint a study
+        # adds per class, never listed in objectives.constraints): a row per class SLO
+        names = list(self.constraints)
+        names += [c.name for c in obj.class_slos(self.context.slo) if c.name not in names]
         per_window = [
-            {
-                n: obj.get_constraint(n, self.context.slo).violation(m, self.context)
-                for n in self.constraints
-            }
+            {n: obj.get_constraint(n, self.context.slo).violation(m, self.context) for n in names}
             for m in windows
         ]
         means = mean_constraints(per_window)
