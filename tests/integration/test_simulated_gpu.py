@@ -117,6 +117,35 @@ def test_a_noisy_host_says_its_noise_in_its_first_line_and_its_version(
     assert not psutil.pid_exists(info.pid), "the host outlived its stop"
 
 
+def test_a_lever_the_host_does_not_model_is_run_unchanged_and_stamped(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A runtime lever the host has no model of (speculative decoding, a performance mode)
+    starts and serves at the modelled speed of the other flags, and the host names it: in its
+    log and in the version every trial, report and export of the launch carries."""
+    monkeypatch.setenv("TUNER_SIM_STATE_DIR", str(tmp_path / "gpus"))
+    config = compose(
+        [
+            *BASE,
+            f"studies_dir={tmp_path}",
+            "server.model=meta-llama/Meta-Llama-3.1-8B",
+            "server.cuda_visible_devices=0",
+            "server.env.TUNER_SIM_STARTUP_SCALE=0",
+        ]
+    )
+    launch = LaunchSpec(args={"performance_mode": "interactivity", "scheduling_policy": "fcfs"})
+    log = tmp_path / "server.log"
+    with make_backend(config.server, launch, log) as server:
+        info = server.wait_ready(time.monotonic() + 120)
+    # fcfs is vLLM's default: nothing to stamp; the performance mode is not modelled
+    assert "not modelled: performance_mode=interactivity (" in str(info.version), info.version
+    assert "scheduling_policy" not in str(info.version)
+    assert "not modelled (served at the modelled speed" in log.read_text()
+    with make_backend(config.server, LaunchSpec(), tmp_path / "plain.log") as server:
+        plain = server.wait_ready(time.monotonic() + 120)
+    assert "not modelled" not in str(plain.version)
+
+
 CV = "a CV from 0 (no noise) up to, not including, 1"
 
 

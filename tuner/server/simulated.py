@@ -29,6 +29,10 @@ TIME_SCALE_ENV = "TUNER_SIM_TIME_SCALE"  # tuner.simulation.__main__ reads it
 NOISE_CV_ENV = "TUNER_SIM_NOISE_CV"  # tuner.simulation.launch_noise reads it
 # The simulated host's line "simulated start-up: 37 s on the GPUs ..." (tuner.simulation)
 GPU_STARTUP_RE = re.compile(r"simulated start-up: ([\d.]+) s on the GPUs")
+# the host's line naming the flags it runs without modelling them (tuner.simulation)
+NOT_MODELLED_RE = re.compile(
+    r"not modelled \(served at the modelled speed of the other flags\): (.+)"
+)
 SIMULATED = "simulated"  # the word a simulated host's version and GPU names carry
 STAMP = (
     "SIMULATED: a rehearsal on a simulated GPU host (AIConfigurator's estimates served by "
@@ -105,7 +109,12 @@ class SimulatedGpuServer(VllmServer):
         stretched = f" x{scale:g}" if scale != 1 else ""
         cv = noise_cv(self.config.env)
         noisy = f" noise CV {cv}" if cv else ""
-        info.version = f"{SIMULATED}-{system_of(self.config)}{stretched}{noisy} ({info.version})"
-        modelled = GPU_STARTUP_RE.findall(log_tail(self.log_path, lines=200))
+        tail = log_tail(self.log_path, lines=200)
+        unmodelled = NOT_MODELLED_RE.findall(tail)
+        stamp = f" not modelled: {unmodelled[-1]}" if unmodelled else ""
+        info.version = (
+            f"{SIMULATED}-{system_of(self.config)}{stretched}{noisy}{stamp} ({info.version})"
+        )
+        modelled = GPU_STARTUP_RE.findall(tail)
         info.gpu_startup_s = float(modelled[-1]) if modelled else None
         return info

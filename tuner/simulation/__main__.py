@@ -33,8 +33,25 @@ def say(line: str) -> None:
     print(line, flush=True)
 
 
+# vLLM's flags that change how it serves but that the host does not model: a launch that sets
+# one runs at the modelled speed of its other flags, and says so (never an invented effect).
+NOT_MODELLED = (
+    "scheduling_policy",
+    "long_prefill_token_threshold",
+    "performance_mode",
+    "optimization_level",
+    "async_scheduling",
+    "compilation_config",
+    "api_server_count",
+    "speculative_config",
+    "attention_backend",
+)
+NOT_MODELLED_PREFIX = "not modelled (served at the modelled speed of the other flags): "
+
+
 def parse(argv: list[str]) -> dict[str, Any]:
-    """vLLM's own parser on ``argv``; exits 2 with argparse's words on a flag vLLM rejects."""
+    """vLLM's own parser on ``argv``; exits 2 with argparse's words on a flag vLLM rejects.
+    A flag of :data:`NOT_MODELLED` set away from vLLM's default is named in one line."""
     from tuner.server._vllm_argparse import ParseRejected, build_parser
 
     parser, _ = build_parser()
@@ -45,7 +62,19 @@ def parse(argv: list[str]) -> dict[str, Any]:
         sys.exit(2)
     if values.get("model_tag"):  # `serve MODEL`: vLLM's own serve command takes it so
         values["model"] = values["model_tag"]
+    unmodelled = not_modelled(values, {d: parser.get_default(d) for d in NOT_MODELLED})
+    if unmodelled:
+        say(NOT_MODELLED_PREFIX + ", ".join(unmodelled))
     return values
+
+
+def not_modelled(values: dict[str, Any], defaults: dict[str, Any]) -> list[str]:
+    """The flags of :data:`NOT_MODELLED` that ``values`` sets away from vLLM's defaults."""
+    return [
+        f"{name}={values[name]}"
+        for name in NOT_MODELLED
+        if values.get(name) is not None and values.get(name) != defaults.get(name)
+    ]
 
 
 def visible_devices() -> list[int]:
