@@ -8,7 +8,7 @@ prefill chunk; tuner.plan.queueing turns them into what ``users`` closed-loop cl
 A configuration whose weights leave no KV budget ("no KV budget") or whose KV cache cannot hold
 one request is a failed start. AIConfigurator calls its own results means at full batch; the
 tails are the queueing model's, and absolute TTFT is off by a third or more against silicon
-(../shared/notes/aiconfigurator.md): these landscapes test search, not a deployment.
+(benchmarks/findings/plan-fidelity.md): these landscapes test search, not a deployment.
 """
 
 from __future__ import annotations

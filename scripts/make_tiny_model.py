@@ -2,7 +2,7 @@
 
 Nothing is downloaded: the tokenizer is a byte-level BPE trained here on a synthetic corpus and
 the weights are random (seeded), so the output is deterministic for a given seed. Facts that
-shaped it (shared/notes/vllm-cpu.md): head_dim must be 64 for vLLM's CPU attention kernel, and a
+shaped it: head_dim must be 64 for vLLM's CPU attention kernel, and a
 chat template is needed for /v1/chat/completions.
 
 Usage: python scripts/make_tiny_model.py OUT_DIR [--seed 0]

