@@ -27,9 +27,7 @@ ORDER = ["fcfs", "priority", "priority", "fcfs"]
 def test_priority_scheduling_cuts_the_chat_classs_p99_ttft(
     tmp_path: Path, tiny_model: Path, no_leftovers: None
 ) -> None:
-    config = compose(
-        [f"studies_dir={tmp_path}", "study=chat_and_documents", "workload.window_s=8"]
-    )
+    config = compose([f"studies_dir={tmp_path}", "study=chat_and_documents", "workload.window_s=8"])
     paths = StudyPaths.for_study(config.studies_dir, config.name).ensure()
     chat: dict[str, list[float]] = {"fcfs": [], "priority": []}
     documents_done: dict[str, int] = {"fcfs": 0, "priority": 0}
