@@ -492,9 +492,9 @@ def test_the_summary_shows_a_kept_baseline_once_and_a_new_incumbent_as_a_change(
     assert lines[-1] == "  binding SLO: slo_p99_ttft (6.0% over its limit, the least room of any)"
     assert lines[-4:-1] == [
         "  NOT FEASIBLE: it misses slo_p99_ttft (the closest the study came)",
-        "    slo_p99_tpot met: 20.0% under its limit on the mean of 1 windows (their spread is "
+        "    slo_p99_tpot met: 20.0% under its limit on the mean of 1 window (their spread is "
         "unknown: the mean decides)",
-        "    slo_p99_ttft missed: 6.0% over its limit on the mean of 1 windows (their spread is "
+        "    slo_p99_ttft missed: 6.0% over its limit on the mean of 1 window (their spread is "
         "unknown: the mean decides)",
     ]
 

@@ -92,7 +92,7 @@ class SloClaim:
         where = "under" if self.mean <= 0 else "over"
         head = (
             f"{self.name} {self.status.value}: {abs(self.mean):.1%} {where} its limit on the "
-            f"mean of {self.windows} windows"
+            f"mean of {self.windows} window{'s' * (self.windows != 1)}"
         )
         if self.confidence is None:
             return f"{head} (their spread is unknown: the mean decides)"
