@@ -23,8 +23,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from benchmarks.layout import machine, results
-from benchmarks.trial_overhead import save, trial_script_args
-from tuner import LaunchSpec, StudyPaths, TrialOutcome, compose, read_cpuinfo, run_trial
+from benchmarks.trial_overhead import measured_trial, save, trial_script_args
+from tuner import LaunchSpec, StudyPaths, TrialOutcome, compose, read_cpuinfo
 
 ARMS = {
     "own_cpus": [],  # placement=auto: the default
@@ -70,9 +70,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 config = compose([*base, *ARMS[arm]])
                 paths = StudyPaths.for_study(config.studies_dir, config.name).ensure()
                 trial_id = f"{arm}-{rnd}"
-                outcome = run_trial(config, LaunchSpec(), paths.trial(trial_id), trial_id)
-                if not outcome.ok:
-                    raise SystemExit(f"{trial_id} failed: {outcome.reason}: {outcome.message}")
+                outcome = measured_trial(config, LaunchSpec(), paths, trial_id)
                 rows.append(row(arm, rnd, outcome))
                 print(json.dumps(rows[-1]), flush=True)
     cpu = read_cpuinfo()

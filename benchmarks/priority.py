@@ -21,8 +21,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from benchmarks.layout import machine, results
-from benchmarks.trial_overhead import save, trial_script_args
-from tuner import LaunchSpec, StudyPaths, TrialOutcome, compose, read_cpuinfo, run_trial
+from benchmarks.trial_overhead import measured_trial, save, trial_script_args
+from tuner import LaunchSpec, StudyPaths, TrialOutcome, compose, read_cpuinfo
 
 ARMS = ("fcfs", "priority")
 # (column, class, the ClassStats figure)
@@ -57,9 +57,7 @@ def run(overrides: Sequence[str], rounds: int) -> dict[str, Any]:
             for arm in ARMS if rnd % 2 == 0 else tuple(reversed(ARMS)):
                 trial_id = f"{arm}-{rnd}"
                 launch = LaunchSpec(args={"scheduling_policy": arm})
-                outcome = run_trial(config, launch, paths.trial(trial_id), trial_id)
-                if not outcome.ok:
-                    raise SystemExit(f"{trial_id} failed: {outcome.reason}: {outcome.message}")
+                outcome = measured_trial(config, launch, paths, trial_id)
                 rows.append(row(arm, rnd, outcome))
                 print(json.dumps(rows[-1]), flush=True)
     cpu = read_cpuinfo()

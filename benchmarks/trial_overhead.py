@@ -38,6 +38,7 @@ from tuner import (
     LocustLoadGenerator,
     StudyPaths,
     TrialOutcome,
+    TunerConfig,
     compose,
     read_records,
     run_trial,
@@ -193,6 +194,17 @@ def trial_script_args(
     p.add_argument("--out", type=Path, default=None, help=f"default: {default_out}")
     p.add_argument("overrides", nargs="*", help="Hydra overrides (default: the quickstart preset)")
     return p.parse_args(argv)
+
+
+def measured_trial(
+    config: TunerConfig, launch: LaunchSpec, paths: StudyPaths, trial_id: str
+) -> TrialOutcome:
+    """One real trial of a side-by-side benchmark; a failed one stops the benchmark with its
+    reason (a ratio with a missing side means nothing)."""
+    outcome = run_trial(config, launch, paths.trial(trial_id), trial_id)
+    if not outcome.ok:
+        raise SystemExit(f"{trial_id} failed: {outcome.reason}: {outcome.message}")
+    return outcome
 
 
 def save(out: Path, name: str, result: dict[str, Any]) -> None:

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 import psutil
@@ -92,21 +93,26 @@ def test_more_gpus_than_it_was_given_is_refused(tmp_path: Path) -> None:
     assert "exceeds the 1 GPUs this server was given" in result["log_tail"]
 
 
-def test_a_noisy_host_says_its_noise_in_its_first_line_and_its_version(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Started and stopped by the simulated backend as a trial does, without Locust's load."""
-    monkeypatch.setenv("TUNER_SIM_STATE_DIR", str(tmp_path / "gpus"))
-    config = compose(
+def _one_gpu(tmp_path: Path, *overrides: str) -> Any:
+    """The 8B on one simulated H100 that starts at once (no modelled start-up slept)."""
+    return compose(
         [
             *BASE,
             f"studies_dir={tmp_path}",
             "server.model=meta-llama/Meta-Llama-3.1-8B",
             "server.cuda_visible_devices=0",
             "server.env.TUNER_SIM_STARTUP_SCALE=0",
-            "server.env.TUNER_SIM_NOISE_CV=0.2",
+            *overrides,
         ]
     )
+
+
+def test_a_noisy_host_says_its_noise_in_its_first_line_and_its_version(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Started and stopped by the simulated backend as a trial does, without Locust's load."""
+    monkeypatch.setenv("TUNER_SIM_STATE_DIR", str(tmp_path / "gpus"))
+    config = _one_gpu(tmp_path, "server.env.TUNER_SIM_NOISE_CV=0.2")
     log = tmp_path / "server.log"
     with make_backend(config.server, LaunchSpec(), log) as server:
         info = server.wait_ready(time.monotonic() + 120)
@@ -124,15 +130,7 @@ def test_a_lever_the_host_does_not_model_is_run_unchanged_and_stamped(
     starts and serves at the modelled speed of the other flags, and the host names it: in its
     log and in the version every trial, report and export of the launch carries."""
     monkeypatch.setenv("TUNER_SIM_STATE_DIR", str(tmp_path / "gpus"))
-    config = compose(
-        [
-            *BASE,
-            f"studies_dir={tmp_path}",
-            "server.model=meta-llama/Meta-Llama-3.1-8B",
-            "server.cuda_visible_devices=0",
-            "server.env.TUNER_SIM_STARTUP_SCALE=0",
-        ]
-    )
+    config = _one_gpu(tmp_path)
     launch = LaunchSpec(args={"performance_mode": "interactivity", "scheduling_policy": "fcfs"})
     log = tmp_path / "server.log"
     with make_backend(config.server, launch, log) as server:
