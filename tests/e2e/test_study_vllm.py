@@ -251,6 +251,12 @@ def test_export_measure_records_the_windows_a_check_needs(
     out_dir = tmp_path / "export"
     args = ["export", "--measure", "--max-windows", "2", "--format", "yaml", "--out", str(out_dir)]
     out = tuner(args, small_study, small_study.studies_dir, progress=True)
+    if "lets a check resolve" in out:
+        # On a host busy enough that the study's windows spread beyond what any number of
+        # windows resolves, the honest answer is that more would not do, and nothing runs.
+        assert "nothing measured" in out and "measuring" not in out, out
+        assert (out_dir / "evidence.json").is_file()
+        return
     assert "measuring 2 more windows" in out and "2 of 2 new windows measured" in out, out
     confirm = load_studies(small_study.storage)[confirm_study(small_study.name)]
     added = [

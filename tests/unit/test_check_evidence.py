@@ -14,7 +14,7 @@ import yaml
 
 from tests.fakes import stored_study as fake
 from tuner.config import CheckConfig
-from tuner.deployment.more_windows import measure_for_check, windows_wanted
+from tuner.deployment.more_windows import _hopeless, measure_for_check, windows_wanted
 from tuner.errors import ConfigError
 from tuner.review.evidence import build_evidence, windows_line, windows_plan
 from tuner.review.stored import open_review
@@ -127,6 +127,10 @@ def test_export_measure_asks_the_largest_need_within_its_budget() -> None:
     assert unknown["resolves"] is None and windows_wanted({"x": unknown}, 100) == 2
     hopeless = {"more_needed": None, "resolves": 0.6}  # the check's own side alone is wider
     assert windows_wanted({"x": hopeless}, 100) == 0
+    # which export --measure names as such, never as resolved
+    asked = {**hopeless, "asked": 0.2}
+    assert _hopeless({"x": asked, "p99_e2e": {**loose, "asked": 0.5}}) == ["x"]
+    assert _hopeless({"p99_e2e": loose}) == [] and _hopeless({"x": unknown}) == []
 
 
 def test_export_measure_refuses_a_budget_below_one(tmp_path: Path) -> None:

@@ -57,10 +57,29 @@ def measure_for_check(
     limit = budget if budget is not None else config.check.max_windows
     need = windows_wanted(reference["windows"], limit)
     if need == 0:
+        hopeless = _hopeless(reference["windows"])
+        if hopeless:  # more windows would not do: said so, not called resolved
+            say(
+                f"export: no number of windows of {choice.label} lets a check resolve "
+                f"{', '.join(hopeless)} at this noise: nothing measured (a longer "
+                "workload.window_s narrows each window's spread)"
+            )
+            return 0
         say(f"export: {_recorded(reference)} windows of {choice.label} resolve every objective")
         return 0
     say(f"export: measuring {need} more windows of {choice.label} ({_recorded(reference)} kept)")
     return _measure(config, studies_dir, storage, choice, need, say)
+
+
+def _hopeless(plan: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    """The objectives that no number of windows would let a check resolve at this noise."""
+    return [
+        name
+        for name, p in plan.items()
+        if p.get("more_needed") is None
+        and p.get("resolves") is not None
+        and p["resolves"] > p.get("asked", 0.0)
+    ]
 
 
 def _recorded(reference: Mapping[str, Any]) -> int:
