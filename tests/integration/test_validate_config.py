@@ -235,10 +235,10 @@ def test_every_runtime_and_speculative_value_passes_vllms_parser_and_config(
     import sys
 
     from tuner.search import space as search_space
-    from tuner.study.session import _check_choices
+    from tuner.study.session import _check_flags
 
     config = compose([f"search_space=[{preset}]", f"study.stages=[{group}]"])
-    _check_choices(sys.executable, [], config)  # the parser: one worker for every value
+    _check_flags(sys.executable, [], config)  # the parser: one worker for every value
     specs = search_space.flatten(config.search_space)
     for param, spec in specs.items():
         for value in search_space.choices_of(spec) or []:

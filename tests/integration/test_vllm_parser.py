@@ -135,11 +135,11 @@ def test_every_scheduling_choice_parses_and_a_refused_one_stops_the_study(
 ) -> None:
     from tuner.cli import main
     from tuner.composition import compose
-    from tuner.study.session import _check_choices
+    from tuner.study.session import _check_flags
 
     # every value of the scheduling group (and the CPU groups beside it) as vLLM reads them
     config = compose(["study=chat_and_documents", "search_space=[scheduling,batching,runtime]"])
-    _check_choices(PY, [], config)
+    _check_flags(PY, [], config)
     bad = "search_space.scheduling.scheduling_policy.choices=[fcfs,lifo]"
     rc = main(["run", "study=chat_and_documents", bad, f"studies_dir={tmp_path}"])
     err = capsys.readouterr().err.strip().splitlines()

@@ -26,7 +26,7 @@ from tuner.search import checks as space_checks
 from tuner.search import space as search_space
 from tuner.server import LaunchSpec, make_backend
 from tuner.server.vllm import args_to_argv
-from tuner.server.vllm_parser import check_argv, check_argvs, vllm_flags, vllm_version
+from tuner.server.vllm_parser import check_argvs, vllm_flags, vllm_version
 from tuner.study.budget import BudgetHook
 from tuner.study.evaluation import Evaluator
 from tuner.study.fingerprint import fingerprint, hardware, public_env
@@ -72,11 +72,7 @@ class Session:
                 hint="use vLLM flag names with underscores, e.g. max_num_seqs",
             )
         backend = make_backend(cfg.server, LaunchSpec(), Path(os.devnull))
-        flags = _flag_part(backend.argv(), cfg)
-        error = check_argv(python, flags)
-        if error:
-            raise PreflightError(f"vLLM rejects the fixed server args: {error}")
-        _check_choices(python, flags, cfg)
+        _check_flags(python, _flag_part(backend.argv(), cfg), cfg)
         prescreen.preflight()
         self.runner.prescreen = prescreen
         self.runner.canonical.server_values = prescreen.server_values
@@ -256,10 +252,10 @@ def _sys_python() -> str:
     return sys.executable
 
 
-def _check_choices(python: str, flags: list[str], config: TunerConfig) -> None:
-    """Every value a categorical param of the space may take, on top of the fixed args, read by
-    vLLM's parser in one worker (one import): a value it refuses (a scheduling policy it does
-    not have) is one line and exit 2 before the baseline, not a trial refused mid-study."""
+def _check_flags(python: str, flags: list[str], config: TunerConfig) -> None:
+    """The fixed args, then every value a categorical param of the space may take on top of
+    them, read by vLLM's parser in one worker (one vLLM import for all): a refusal is one line
+    and exit 2 before the baseline, not a trial refused mid-study."""
     specs = search_space.flatten(config.search_space)
     tried = [
         (p, v)
@@ -269,7 +265,10 @@ def _check_choices(python: str, flags: list[str], config: TunerConfig) -> None:
         if v is not None
     ]
     argvs = [[*flags, *args_to_argv(search_space.to_launch({p: v}, specs).args)] for p, v in tried]
-    for (param, value), error in zip(tried, check_argvs(python, argvs), strict=True):
+    fixed, *errors = check_argvs(python, [flags, *argvs])
+    if fixed:
+        raise PreflightError(f"vLLM rejects the fixed server args: {fixed}")
+    for (param, value), error in zip(tried, errors, strict=True):
         if error:
             raise PreflightError(
                 f"search_space: vLLM's parser refuses {param}={value!r}: {error}",
