@@ -50,7 +50,9 @@ RUN_TIMEOUT_S = 300
 def no_vllm_parser(monkeypatch: pytest.MonkeyPatch) -> None:
     """The stand-in server is not vLLM: skip asking vLLM's parser about its flags (a vLLM import,
     ~10-20 s per run; that check has its own tests)."""
-    monkeypatch.setattr("tuner.study.session.check_argv", lambda _python, _args: None)
+    monkeypatch.setattr(
+        "tuner.study.session.check_argvs", lambda _python, argvs: [None] * len(argvs)
+    )
 
 
 def _sigint_when_loaded(trial_dir: Path) -> None:

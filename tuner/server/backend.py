@@ -1,8 +1,8 @@
 """The ServerBackend seam: start an inference server with given flags, wait, stop.
 
 A backend is a context manager; leaving the ``with`` block always reaps the server's whole
-process group, whatever happened inside. Implementations register themselves in
-:data:`SERVER_BACKENDS` by name (``server.kind`` in the config).
+process group, whatever happened inside. The kinds are listed by ``server.kind`` in
+:mod:`tuner.server.kinds`.
 """
 
 from __future__ import annotations
