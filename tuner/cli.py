@@ -266,7 +266,8 @@ def cmd_workload_fit(args: argparse.Namespace) -> int:
     """Write a workload YAML fitted to a trace or a running vLLM's metrics; print its fidelity."""
     from tuner.traffic.fit_command import FitRequest, fit_command
 
-    keys = ("layout", "start_s", "duration_s", "rate_scale", "window_s", "max_model_len")
+    keys: tuple[str, ...] = ("layout", "start_s", "duration_s", "rate_scale", "window_s")
+    keys += ("max_model_len", "class_by_prompt", "class_column")
     options = {k: getattr(args, k) for k in keys}
     request = FitRequest(args.out, args.from_trace, args.from_metrics, **options)
     return fit_command(request, say=say)
@@ -292,6 +293,17 @@ def _add_workload(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     fit.add_argument("--rate-scale", type=float, default=1.0, help="2 = twice as fast")
     fit.add_argument("--window-s", type=float, default=60.0, help="between the two scrapes")
     fit.add_argument("--max-model-len", type=int, default=None, help="cap lengths to this")
+    fit.add_argument(
+        "--class-by-prompt",
+        default=None,
+        metavar="RULE",
+        help="fit each class: chat:512,documents (prompt <= 512 tokens is chat, else documents)",
+    )
+    fit.add_argument(
+        "--class-column",
+        default=None,
+        help="fit each class named in this column (default: the layout's, plain: request_class)",
+    )
     fit.set_defaults(func=cmd_workload_fit)
 
 

@@ -61,3 +61,34 @@ def test_a_trace_window_is_replayed_at_its_times_with_its_lengths(
     late = sum(1 for r in in_window if r.sent_at - r.scheduled_at > DISPATCH_LAG_WARN_S)
     assert m.late_sends == late
     assert m.flat()["late_sends"] == float(late)
+
+
+def test_each_record_of_a_classed_replay_has_the_traces_class(
+    fake: FakeServer, tiny_model: Path, tmp_path: Path, no_leftovers: None
+) -> None:
+    """A rule on prompt length classes the replay: every record's request_class is its
+    request's class in the trace, and the measurements split by it."""
+    from tuner.config.workload import RequestClass, TraceClass
+
+    fake.reset(FakeConfig(ttft_s=0.02, itl_s=0.001))
+    rule = [TraceClass("chat", 1024), TraceClass("documents")]
+    trace = TraceConfig(
+        str(SAMPLE), start_s=START_S, rate_scale=SCALE, max_model_len=MAX_LEN, classes=rule
+    )
+    classes = [RequestClass(name="chat"), RequestClass(name="documents", priority=10)]
+    workload = WorkloadConfig(
+        classes=classes, mode="open", warmup_s=0.5, window_s=2.0, drain_timeout_s=20.0, trace=trace
+    )
+    workload.validate()
+    expected = load(SAMPLE, TraceOptions(START_S, 2.5 * SCALE, SCALE, MAX_LEN))
+    recorded = load(SAMPLE, TraceOptions(START_S, 2.5 * SCALE, SCALE))  # lengths before the cap
+    want = ["chat" if p <= 1024 else "documents" for p in recorded.prompt_tokens]
+    assert {"chat", "documents"} <= set(want)
+
+    target = Target(base_url=fake.url, api_key=None, model="m", tokenizer=str(tiny_model))
+    result = LocustLoadGenerator().run(target, workload, tmp_path, on_spawn=lambda _pid: None)
+    records = sorted(read_records(result.records_path), key=lambda r: r.scheduled_at)
+    assert len(records) == len(expected) and all(r.ok for r in records)
+    assert [r.request_class for r in records] == want
+    m = measure(records, result.window_start, result.window_end, SloConfig())
+    assert set(m.by_class) <= {"chat", "documents"} and m.by_class

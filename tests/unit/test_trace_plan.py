@@ -1,5 +1,7 @@
 """A trace as the request plan: send times, exact prompt lengths with the real tokenizer, forced
-outputs, the cap; shared prefixes (system prompts, Mooncake hash ids) as identical text."""
+outputs, the cap; shared prefixes (system prompts, Mooncake hash ids) as identical text; each
+request's class (the trace's column or a prompt-length rule) with its workload class's api and
+priority."""
 
 from __future__ import annotations
 
@@ -9,7 +11,13 @@ from typing import Any
 
 import pytest
 
-from tuner.config.workload import PrefixConfig, TraceConfig, WorkloadConfig
+from tuner.config.workload import (
+    PrefixConfig,
+    RequestClass,
+    TraceClass,
+    TraceConfig,
+    WorkloadConfig,
+)
 from tuner.errors import ConfigError
 from tuner.loadgen import request_plan as wl
 from tuner.traffic.trace import SPECIAL_TOKENS_RESERVE
@@ -34,12 +42,24 @@ def _ids(tokenizer: Any, p: wl.PlannedRequest) -> list[int]:
     return list(tokenizer.encode(_text(p), add_special_tokens=False))
 
 
-def _trace_workload(path: Path, **trace: Any) -> WorkloadConfig:
+def _trace_workload(
+    path: Path, mix: list[RequestClass] | None = None, **trace: Any
+) -> WorkloadConfig:
+    """A trace replay; ``mix``: the workload's classes."""
     workload = WorkloadConfig(
         mode="open", warmup_s=1, window_s=9, trace=TraceConfig(str(path), **trace)
     )
+    if mix is not None:
+        workload.classes = mix
     workload.validate()
     return workload
+
+
+def _chat_and_documents() -> list[RequestClass]:
+    return [
+        RequestClass(name="chat", api="chat", priority=0),
+        RequestClass(name="documents", api="completions", priority=10),
+    ]
 
 
 def test_a_trace_plan_has_its_send_times_and_exact_lengths(
@@ -105,6 +125,97 @@ def test_no_prefix_share_keeps_the_synthetic_plan_as_it_was(tokenizer: Any) -> N
     assert _text(a[0]) == b[0]
 
 
+def test_each_replayed_request_carries_the_traces_class(
+    tmp_path: Path, tiny_model: Path, tokenizer: Any
+) -> None:
+    path = tmp_path / "c.csv"
+    path.write_text(
+        "arrival_s,prompt_tokens,output_tokens,request_class\n"
+        "0,20,4,chat\n1,300,8,documents\n2,30,4,chat\n3,250,6,documents\n"
+    )
+    plan = wl.build_plan(_trace_workload(path, _chat_and_documents()), str(tiny_model))
+    assert [p.request_class for p in plan] == ["chat", "documents", "chat", "documents"]
+    # each is sent as its workload class: its api, its priority
+    assert [p.api for p in plan] == ["chat", "completions", "chat", "completions"]
+    assert [p.priority for p in plan] == [0, 10, 0, 10]
+    assert plan[0].messages is not None and plan[1].prompt is not None
+    assert [len(_ids(tokenizer, p)) for p in plan] == [20, 300, 30, 250]
+    # another workload, other priorities: not the cached plan of the first
+    other = _chat_and_documents()
+    other[1].priority = 3
+    again = wl.build_plan(_trace_workload(path, other), str(tiny_model))
+    assert [p.priority for p in again] == [0, 3, 0, 3]
+
+
+def test_a_rule_on_prompt_length_classes_the_replay(tmp_path: Path, tiny_model: Path) -> None:
+    path = tmp_path / "r.csv"
+    path.write_text("arrival_s,prompt_tokens,output_tokens\n0,64,4\n1,65,4\n2,3000,4\n3,10,4\n")
+    rule = [TraceClass("chat", 64), TraceClass("documents")]
+    workload = _trace_workload(path, _chat_and_documents(), classes=rule, max_model_len=1024)
+    plan = wl.build_plan(workload, str(tiny_model))
+    # the recorded length classes a request: the 3000-token one is capped, but still documents
+    assert [p.request_class for p in plan] == ["chat", "documents", "documents", "chat"]
+    assert plan[2].prompt_tokens_target < 1024
+    assert [p.priority for p in plan] == [0, 10, 10, 0]
+
+
+def test_a_trace_without_classes_replays_as_one_class(tmp_path: Path, tiny_model: Path) -> None:
+    path = tmp_path / "t.csv"
+    path.write_text("arrival_s,prompt_tokens,output_tokens\n0,9,4\n1,12,4\n")
+    plan = wl.build_plan(_trace_workload(path, api="chat"), str(tiny_model))
+    assert {(p.request_class, p.api, p.priority) for p in plan} == {("trace", "chat", 0)}
+
+
+def test_a_class_column_value_the_workload_lacks_is_refused(tmp_path: Path) -> None:
+    from tuner.traffic.replay import check_replay
+
+    path = tmp_path / "c.csv"
+    path.write_text(
+        "arrival_s,prompt_tokens,output_tokens,request_class\n0,20,4,chat\n1,300,8,summary\n"
+    )
+    workload = _trace_workload(path, _chat_and_documents())
+    with pytest.raises(ConfigError, match=r"row 2: request_class='summary' is not a class of"):
+        check_replay(workload, "/no/tokenizer")
+
+
+def _rule(*items: tuple[str, int | None]) -> list[TraceClass]:
+    return [TraceClass(name, bound) for name, bound in items]
+
+
+@pytest.mark.parametrize(
+    ("trace", "message"),
+    [
+        (
+            {"classes": _rule(("chat", 512), ("summaries", None))},
+            r"classes\[1\].name='summaries' is not a class of the workload",
+        ),
+        (
+            {"classes": _rule(("chat", 512), ("documents", 512))},
+            r"classes\[1\].max_prompt_tokens=512 does not increase",
+        ),
+        (
+            {"classes": _rule(("chat", None), ("documents", 4096))},
+            r"classes\[0\] \('chat'\) has no max_prompt_tokens but is not the last",
+        ),
+        ({"classes": _rule(("chat", 0), ("documents", None))}, "max_prompt_tokens=0 must be"),
+        ({"classes": _rule(("chat", 8), ("chat", None))}, r"'chat' is already"),
+        ({"classes": _rule(("", None))}, r"classes\[0\].name is empty"),
+        (
+            {"class_column": "kind", "classes": _rule(("chat", None))},
+            "class_column='kind' and workload.trace.classes both class",
+        ),
+        ({"class_column": ""}, "class_column is empty"),
+    ],
+)
+def test_a_bad_class_rule_is_refused_naming_its_key(trace: dict[str, Any], message: str) -> None:
+    workload = WorkloadConfig(
+        mode="open", classes=_chat_and_documents(), trace=TraceConfig(SAMPLE, **trace)
+    )
+    with pytest.raises(ConfigError, match=message) as caught:
+        workload.validate()
+    assert "workload.trace." in str(caught.value) and "\n" not in str(caught.value)
+
+
 @pytest.mark.parametrize(
     ("change", "message"),
     [
@@ -142,6 +253,14 @@ def test_a_session_turn_opens_with_the_conversation_so_far(
     [
         ("workload.trace.start_s=100000", "holds no requests"),
         ("workload.trace.path={long} workload.trace.start_s=0", "exceeds max_model_len=4096"),
+        (
+            "workload.trace.path={classed} workload.trace.start_s=0",
+            "row 2: request_class='documents' is not a class of the workload",
+        ),
+        (
+            "workload.trace.classes=[{{name:chat,max_prompt_tokens:512}},{{name:documents}}]",
+            "workload.trace.classes[0].name='chat' is not a class of the workload",
+        ),
     ],
 )
 def test_a_trace_window_that_replays_nothing_stops_before_any_server_starts(
@@ -155,8 +274,12 @@ def test_a_trace_window_that_replays_nothing_stops_before_any_server_starts(
 
     long = tmp_path / "long.csv"
     long.write_text("arrival_s,prompt_tokens,output_tokens\n0,5000,10\n1,6000,10\n")
+    classed = tmp_path / "classed.csv"
+    classed.write_text(
+        "arrival_s,prompt_tokens,output_tokens,request_class\n0,50,10,trace\n1,60,10,documents\n"
+    )
     cap = "workload.trace.max_model_len=4096"
-    given = override.format(long=long).split()
+    given = override.format(long=long, classed=classed).split()
     args = ["workload=trace", *given, cap, f"studies_dir={tmp_path}", "name=t"]
     rc = main([command, *args])
     err = capsys.readouterr().err.strip().splitlines()

@@ -1,6 +1,6 @@
 """`tuner workload fit`: from the shipped trace (KS of the written config's draws against the
-trace), from two scrapes of a vLLM metrics page (quantiles within bucket resolution), and every
-bad input as one line and exit 2."""
+trace), class by class (a class column or a rule on prompt length), from two scrapes of a vLLM
+metrics page (quantiles within bucket resolution), and every bad input as one line and exit 2."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 from omegaconf import OmegaConf
 
@@ -24,6 +25,7 @@ from tuner.traffic.trace import read_trace
 ROOT = Path(__file__).resolve().parents[2]
 SAMPLE = ROOT / "conf" / "workload" / "traces" / "azure_code_2023_sample.csv"
 RECORDED = ROOT / "tests" / "data" / "vllm_metrics.txt"
+SHARED = ROOT.parent / "shared" / "data" / "traces" / "azure_llm_code_2023.csv"
 # vLLM's length buckets: build_1_2_5_buckets(max_model_len=2048)
 BUCKETS = [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000]
 
@@ -55,6 +57,88 @@ def test_a_fit_of_the_shipped_trace_draws_its_lengths(tmp_path: Path) -> None:
     header = out.read_text().splitlines()[:5]
     assert any(line.startswith("# KS distance of prompt lengths: 0.0") for line in header)
     assert any(line.startswith("# arrival CV: source 12.") for line in header)
+    # a trace without classes is one class, as it always was
+    assert [(c.name, c.weight) for c in workload.classes] == [("fitted", 1.0)]
+    assert not any(line.startswith("# class ") for line in out.read_text().splitlines())
+
+
+def _mixed(path: Path, n: int = 3000, seed: int = 5, column: bool = True) -> pd.DataFrame:
+    """A made-up plain trace: 70 % chat (prompts 20-400 tokens, outputs 5-50) and documents
+    (prompts 1000-4000, outputs 100-300), Poisson arrivals."""
+    rng = np.random.default_rng(seed)
+    chat = rng.random(n) < 0.7
+    frame = pd.DataFrame(
+        {
+            "arrival_s": np.cumsum(rng.exponential(0.1, n)),
+            "prompt_tokens": np.where(chat, rng.integers(20, 400, n), rng.integers(1000, 4000, n)),
+            "output_tokens": np.where(chat, rng.integers(5, 50, n), rng.integers(100, 300, n)),
+        }
+    )
+    if column:
+        frame["request_class"] = np.where(chat, "chat", "documents")
+    frame.to_csv(path, index=False)
+    return frame
+
+
+def _class_lines(text: str) -> dict[str, str]:
+    """The per-class fidelity lines printed, by class."""
+    lines = [ln.split("class ", 1)[1] for ln in text.splitlines() if "  class " in ln]
+    return {ln.split(":", 1)[0]: ln for ln in lines}
+
+
+@pytest.mark.parametrize("by", ["column", "rule"])
+def test_a_fit_by_class_fits_each_class_on_its_own(
+    by: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "mixed.csv"
+    source = _mixed(path, column=by == "column")
+    out = tmp_path / "fitted.yaml"
+    rule = ["--class-by-prompt", "chat:512,documents"] if by == "rule" else []
+    assert main(["workload", "fit", "--from-trace", str(path), *rule, "--out", str(out)]) == 0
+    printed = capsys.readouterr().err
+    workload = _written(out)
+    chat = source["prompt_tokens"] <= 512
+    assert [c.name for c in workload.classes] == ["chat", "documents"]
+    assert sum(c.weight for c in workload.classes) == pytest.approx(1.0, abs=1e-5)
+    assert workload.classes[0].weight == pytest.approx(chat.mean(), abs=1e-6)
+    lines = _class_lines(printed)
+    assert set(lines) == {"chat", "documents"}
+    rng = np.random.default_rng(11)
+    for cls, mask in zip(workload.classes, (chat, ~chat), strict=True):
+        rows = source[mask]
+        n = len(rows)
+        assert f"{cls.name}: {n / len(source):.1%} of requests ({n})" in lines[cls.name]
+        # each class's own lengths: its quantiles stay inside its rows' range ...
+        q = cls.prompt_tokens.quantiles
+        assert min(q) >= rows["prompt_tokens"].min() and max(q) <= rows["prompt_tokens"].max()
+        # ... and its draws are close to them, as the printed KS says
+        for dist, column in ((cls.prompt_tokens, "prompt"), (cls.output_tokens, "output")):
+            drawn = sample_lengths(dist, 20_000, rng)
+            assert ks_distance(drawn, rows[f"{column}_tokens"].to_numpy()) <= 0.05
+            ks = float(lines[cls.name].split(f"of {column} lengths ")[1].split(",")[0])
+            assert ks <= 0.05
+    # the totals are printed too, and written at the top with each class's line
+    assert "KS distance of prompt lengths (all classes): 0.0" in printed
+    header = [ln for ln in out.read_text().splitlines() if ln.startswith("#")]
+    assert sum(ln.startswith("# class ") for ln in header) == 2
+    span = np.ptp(source["arrival_s"])  # one arrival process for the mix
+    assert workload.rate == pytest.approx((len(source) - 1) / span, rel=1e-4)
+
+
+@pytest.mark.skipif(not SHARED.is_file(), reason="the shared public trace is not here")
+def test_a_fit_of_the_shared_trace_by_prompt_length_has_its_shares(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "fitted.yaml"
+    argv = ["--from-trace", str(SHARED), "--class-by-prompt", "short:1024,long"]
+    assert main(["workload", "fit", *argv, "--out", str(out)]) == 0
+    workload = _written(out)
+    raw = pd.read_csv(SHARED)
+    short = int((raw["ContextTokens"] <= 1024).sum())
+    shares = {"short": short / len(raw), "long": 1 - short / len(raw)}
+    assert {c.name: c.weight for c in workload.classes} == pytest.approx(shares, abs=1e-6)
+    lines = _class_lines(capsys.readouterr().err)
+    assert f"({short})" in lines["short"] and f"({len(raw) - short})" in lines["long"]
 
 
 def _histogram(name: str, lengths: np.ndarray) -> str:
@@ -180,6 +264,44 @@ def test_bad_traces_are_one_line_and_exit_2(
     assert "every request" in err and "max_model_len=2048" in err
     assert "--from-trace --from-metrics is required" in _one_error(out, capsys)
     assert not (tmp_path / "f.yaml").exists()
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--class-by-prompt", "chat:5x,documents"], "--class-by-prompt 'chat:5x': the bound"),
+        (["--class-by-prompt", "chat:512,documents:256"], "max_prompt_tokens=256 does not"),
+        (["--class-by-prompt", "chat,documents:512"], "[0] ('chat') has no max_prompt_tokens"),
+        (["--class-by-prompt", "chat:512,chat"], "[1].name='chat' is already"),
+        (["--class-by-prompt", "chat:0,documents"], "max_prompt_tokens=0 must be >= 1"),
+        (["--class-by-prompt", "chat:512,"], "--class-by-prompt[1].name is empty"),
+        (["--class-by-prompt", "chat:512", "--class-column", "x"], "both class the trace"),
+        (["--class-column", "model"], "--class-column='model' is not a column of trace"),
+        (["--class-by-prompt", "a:512,b:1024"], "row 1: a prompt of 4808 tokens is over every"),
+    ],
+)
+def test_bad_class_options_are_one_line_and_exit_2(
+    argv: list[str], message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = ["--out", str(tmp_path / "f.yaml")]
+    assert message in _one_error(["--from-trace", str(SAMPLE), *argv, *out], capsys)
+    assert not (tmp_path / "f.yaml").exists()
+
+
+def test_a_rule_on_a_trace_with_a_class_column_or_on_metrics_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "mixed.csv"
+    _mixed(path, n=20)
+    out = ["--out", str(tmp_path / "f.yaml")]
+    rule = ["--class-by-prompt", "chat:512,documents"]
+    err = _one_error(["--from-trace", str(path), *rule, *out], capsys)
+    assert "--class-by-prompt and the class column 'request_class'" in err and "row" not in err
+    err = _one_error(["--from-metrics", "http://127.0.0.1:1", *rule, *out], capsys)
+    assert "they need --from-trace" in err
+    bad = tmp_path / "bad.csv"
+    bad.write_text("arrival_s,prompt_tokens,output_tokens,request_class\n0,10,5,chat\n1,9,5,\n")
+    assert "row 2: no request_class" in _one_error(["--from-trace", str(bad), *out], capsys)
 
 
 def test_bad_metrics_sources_are_one_line_and_exit_2(

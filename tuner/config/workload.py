@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import os
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 
 from tuner.errors import ConfigError
@@ -90,6 +91,54 @@ class RequestClass:
 
 
 @dataclass
+class TraceClass:
+    """One class of a rule on a trace request's recorded prompt length: a request belongs to the
+    first class whose ``max_prompt_tokens`` it does not exceed; the last may have no bound."""
+
+    name: str = ""
+    max_prompt_tokens: int | None = None
+
+
+def check_class_rule(
+    rule: Sequence[TraceClass], where: str, known: Collection[str] | None = None
+) -> None:
+    """Refuse a prompt-length rule that could not class every request once: an empty or
+    repeated name, a name ``known`` lacks (the workload's classes), a bound < 1, bounds that
+    do not increase, or an unbounded class before the last. ``where`` names the key."""
+    seen: dict[str, int] = {}
+    for i, rc in enumerate(rule):
+        key = f"{where}[{i}]"
+        if not rc.name:
+            raise ConfigError(f"{key}.name is empty", hint="name one of the workload's classes")
+        if rc.name in seen:
+            raise ConfigError(f"{key}.name={rc.name!r} is already {where}[{seen[rc.name]}]'s")
+        seen[rc.name] = i
+        if known is not None and rc.name not in known:
+            raise ConfigError(
+                f"{key}.name={rc.name!r} is not a class of the workload (workload.classes: "
+                f"{', '.join(known) or 'none'})",
+                hint="add it to workload.classes: its api, priority and SLOs apply to its requests",
+            )
+        bound = rc.max_prompt_tokens
+        if bound is None:
+            if i != len(rule) - 1:
+                raise ConfigError(
+                    f"{key} ({rc.name!r}) has no max_prompt_tokens but is not the last class",
+                    hint="only the last class may be unbounded: it takes every longer prompt",
+                )
+            continue
+        if bound < 1:
+            raise ConfigError(f"{key}.max_prompt_tokens={bound} must be >= 1")
+        before = rule[i - 1].max_prompt_tokens if i else None
+        if before is not None and bound <= before:
+            raise ConfigError(
+                f"{key}.max_prompt_tokens={bound} does not increase ({where}[{i - 1}] "
+                f"({rule[i - 1].name!r}) ends at {before})",
+                hint="list the classes from the shortest prompts up: first match wins",
+            )
+
+
+@dataclass
 class TraceConfig:
     """A trace replayed open loop by its timestamps (``workload=trace``).
 
@@ -105,10 +154,17 @@ class TraceConfig:
     duration_s: float | None = None
     rate_scale: float = 1.0
     max_model_len: int | None = None
-    api: str = "completions"  # completions | chat
+    api: str = "completions"  # completions | chat (of a replay whose requests have no class)
     block_tokens: int = 512  # tokens per prefix block (Mooncake's hash_ids)
+    # Each request's class, one of workload.classes (whose api, priority and SLOs then apply):
+    # the file's column ``class_column`` (unset: the layout's own, a plain trace's
+    # request_class, where the file has it), or else a rule on its recorded prompt length,
+    # e.g. [{name: chat, max_prompt_tokens: 512}, {name: documents}] (first match wins).
+    class_column: str | None = None
+    classes: list[TraceClass] = field(default_factory=list)
 
-    def validate(self) -> None:
+    def validate(self, known: Collection[str] | None = None) -> None:
+        """``known``: the workload's class names, which a class rule must use."""
         if not self.path:
             raise ConfigError(
                 "workload.trace.path is empty", hint="give a trace file (CSV or JSONL)"
@@ -129,6 +185,17 @@ class TraceConfig:
             raise ConfigError("workload.trace: api must be completions|chat, block_tokens >= 1")
         if self.max_model_len is not None and self.max_model_len < 16:
             raise ConfigError(f"workload.trace.max_model_len={self.max_model_len} is too small")
+        if self.class_column is not None and not self.class_column:
+            raise ConfigError(
+                "workload.trace.class_column is empty", hint="name a column, or leave it null"
+            )
+        if self.class_column and self.classes:
+            raise ConfigError(
+                f"workload.trace.class_column={self.class_column!r} and workload.trace.classes "
+                "both class the trace's requests",
+                hint="keep one: the column, or the rule on prompt length",
+            )
+        check_class_rule(self.classes, "workload.trace.classes", known)
 
 
 @dataclass
@@ -226,7 +293,7 @@ class WorkloadConfig:
                 hint="leave workload.sessions.turns=1 (a trace's session ids replay its turns)",
             )
         if self.trace is not None:
-            self.trace.validate()
+            self.trace.validate([rc.name for rc in self.classes])
             if self.mode != "open" or self.dataset:
                 raise ConfigError(
                     "workload.trace is replayed open loop by its timestamps",

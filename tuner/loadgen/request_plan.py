@@ -30,7 +30,7 @@ from tuner.config.workload import LengthDist, RequestClass, WorkloadConfig
 from tuner.errors import ConfigError
 from tuner.traffic.fit import empirical_draws
 from tuner.traffic.prompts import conversation_blocks, prompt_texts, shared_prefix_blocks
-from tuner.traffic.replay import replay_requests
+from tuner.traffic.replay import replay_class, replay_requests
 
 MIN_PLAN_SIZE = 512
 MAX_PLAN_SIZE = 8192  # ~1 ms per prompt to synthesize; plans are memoized per process
@@ -301,16 +301,16 @@ def think_times(workload: WorkloadConfig, n: int) -> np.ndarray:
 
 
 def trace_plan(workload: WorkloadConfig, tokenizer_path: str) -> list[PlannedRequest]:
-    """The trace's requests in arrival order, each with its send time and exact lengths."""
+    """The trace's requests in arrival order, each with its send time, exact lengths and class
+    (the trace's, sent with that workload class's api and priority)."""
     requests = replay_requests(workload, tokenizer_path)
     tokenizer = load_tokenizer(tokenizer_path)
     synth = PromptSynthesizer(tokenizer, _rng(workload.seed, _STREAM_PROMPTS))
     lengths = [r.prompt_tokens for r in requests]
     texts = prompt_texts(synth, lengths, [r.blocks for r in requests], workload.seed)
-    api = workload.trace.api if workload.trace else "completions"
-    rc = RequestClass(name="trace", api=api)
     plan = []
     for r, text in zip(requests, texts, strict=True):
+        rc = replay_class(workload, r.request_class)
         planned = _planned(rc, text, r.output_tokens, r.prompt_tokens)
         planned.arrival_s = r.arrival_s
         plan.append(planned)
@@ -356,7 +356,8 @@ def build_plan(
         return dataset_plan(workload, load_tokenizer(tokenizer_path))
     if workload.trace is not None:
         replay_s = workload.warmup_s + workload.window_s
-        key = repr((workload.trace, workload.prefix, workload.seed, replay_s, tokenizer_path))
+        replayed = (workload.trace, workload.classes, workload.prefix, workload.seed)
+        key = repr((*replayed, replay_s, tokenizer_path))  # classes: their api and priority
         if key not in _PLAN_CACHE:
             _PLAN_CACHE.clear()
             _PLAN_CACHE[key] = trace_plan(workload, tokenizer_path)

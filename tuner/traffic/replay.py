@@ -1,5 +1,5 @@
 """A workload's trace as the requests to replay: the window, the rate scale and the cap
-applied, each request's prefix blocks named."""
+applied, each request's prefix blocks named and its class (one of the workload's) resolved."""
 
 from __future__ import annotations
 
@@ -10,21 +10,27 @@ from pathlib import Path
 
 import pandas as pd
 
-from tuner.config.workload import TraceConfig, WorkloadConfig
+from tuner.config.workload import RequestClass, TraceConfig, WorkloadConfig
+from tuner.errors import ConfigError
 from tuner.traffic.prompts import Block, Conversation, shared_prefix_blocks
-from tuner.traffic.trace import BLOCKS, PREFIX, SESSION, Trace, TraceOptions, load
+from tuner.traffic.trace import BLOCKS, PREFIX, SESSION, ClassBy, Trace, TraceOptions, load
+
+# The class of a replay whose trace classes none of its requests (sent with trace.api).
+UNCLASSED = "trace"
 
 log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
 class TraceRequest:
-    """One request of the replay: when (s from the replay's start), how long, which prefix."""
+    """One request of the replay: when (s from the replay's start), how long, which prefix,
+    which class (None: the trace classes none)."""
 
     arrival_s: float
     prompt_tokens: int
     output_tokens: int
     blocks: tuple[Block, ...] = ()
+    request_class: str | None = None
 
 
 def model_max_len(tokenizer_path: str) -> int | None:
@@ -76,22 +82,55 @@ def _blocks(trace: Trace, block_tokens: int) -> list[list[Block]]:
     return [[] for _ in range(len(frame))]
 
 
+def class_by(workload: WorkloadConfig) -> ClassBy:
+    """How the workload's trace classes its requests: a class column or the prompt-length
+    rule of ``workload.trace``, with the workload's classes the only names allowed."""
+    cfg = workload.trace or TraceConfig()
+    known = tuple(rc.name for rc in workload.classes)
+    return ClassBy(cfg.class_column, tuple(cfg.classes), known)
+
+
 def replay_requests(workload: WorkloadConfig, tokenizer_path: str) -> list[TraceRequest]:
-    """The requests the workload's trace replays, in arrival order; what the reader dropped or
-    the cap clipped is logged."""
+    """The requests the workload's trace replays, in arrival order, each with its class where
+    the trace has classes; what the reader dropped or the cap clipped is logged."""
     cfg = workload.trace or TraceConfig()
     layout = None if cfg.layout == "auto" else cfg.layout
-    trace = load(cfg.path, trace_options(workload, tokenizer_path), layout)
+    trace = load(cfg.path, trace_options(workload, tokenizer_path), layout, class_by(workload))
     for note in trace.notes:
         log.warning("trace %s: %s", cfg.path, note)
     own = _blocks(trace, cfg.block_tokens)
     shared = shared_prefix_blocks(workload.prefix, len(trace), workload.seed)
+    named = trace.request_classes
+    classes: list[str | None] = [None] * len(trace) if named is None else list(named)
     return [
-        TraceRequest(float(t), int(p), int(o), tuple(mine or common))
-        for t, p, o, mine, common in zip(
-            trace.arrivals, trace.prompt_tokens, trace.output_tokens, own, shared, strict=True
+        TraceRequest(float(t), int(p), int(o), tuple(mine or common), c)
+        for t, p, o, mine, common, c in zip(
+            trace.arrivals,
+            trace.prompt_tokens,
+            trace.output_tokens,
+            own,
+            shared,
+            classes,
+            strict=True,
         )
     ]
+
+
+def replay_class(workload: WorkloadConfig, name: str | None) -> RequestClass:
+    """The class a replayed request is sent as: the workload's class of that name (its api and
+    priority; its SLOs apply to its records), or, for a request the trace does not class,
+    ``trace`` with ``workload.trace.api`` and priority 0."""
+    if name is None:
+        api = workload.trace.api if workload.trace else "completions"
+        return RequestClass(name=UNCLASSED, api=api)
+    for rc in workload.classes:
+        if rc.name == name:
+            return rc
+    known = ", ".join(rc.name for rc in workload.classes)
+    raise ConfigError(
+        f"the trace's class {name!r} is not a class of the workload (workload.classes: {known})",
+        hint="add it to workload.classes: its api, priority and SLOs apply to its requests",
+    )
 
 
 def check_replay(workload: WorkloadConfig, tokenizer_path: str) -> int:

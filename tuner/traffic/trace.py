@@ -3,22 +3,26 @@
 Every layout is one :class:`TraceLayout` in :data:`LAYOUTS` (how its columns map and what unit
 its clock has); a file is recognised by its columns, or its layout is named. The result is a
 :class:`Trace`: arrival seconds from the first request, token counts, and where the layout has
-them, prefix blocks (Mooncake's ``hash_ids``) and session ids.
+them, prefix blocks (Mooncake's ``hash_ids``) and session ids. A request's class
+(``request_class``) comes from a class column of the file, or from a rule on its prompt length
+(:class:`ClassBy`).
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
+from tuner.config.workload import TraceClass
 from tuner.errors import ConfigError
 
 ARRIVAL, PROMPT, OUTPUT = "arrival_s", "prompt_tokens", "output_tokens"
-BLOCKS, PREFIX, SESSION = "hash_ids", "prefix_id", "session_id"
+BLOCKS, PREFIX, SESSION, CLASS = "hash_ids", "prefix_id", "session_id", "request_class"
 # Room left under max_model_len for what the server adds to a prompt (BOS, a chat template).
 SPECIAL_TOKENS_RESERVE = 8
 
@@ -35,6 +39,7 @@ class TraceLayout:
     blocks: str | None = None  # column of prefix block ids (a list per request)
     prefix: str | None = None
     session: str | None = None
+    request_class: str | None = None  # the column naming each request's class, where it has one
 
     @property
     def required(self) -> tuple[str, str, str]:
@@ -50,7 +55,15 @@ LAYOUTS: dict[str, TraceLayout] = {
             "mooncake", "timestamp", "input_length", "output_length", "ms", blocks="hash_ids"
         ),
         TraceLayout(
-            "plain", ARRIVAL, PROMPT, OUTPUT, "s", prefix=PREFIX, session=SESSION, blocks=BLOCKS
+            "plain",
+            ARRIVAL,
+            PROMPT,
+            OUTPUT,
+            "s",
+            prefix=PREFIX,
+            session=SESSION,
+            blocks=BLOCKS,
+            request_class=CLASS,
         ),
     )
 }
@@ -59,12 +72,13 @@ LAYOUTS: dict[str, TraceLayout] = {
 @dataclass
 class Trace:
     """Requests in arrival order: columns arrival_s (from the first request), prompt_tokens,
-    output_tokens, and optionally hash_ids / prefix_id / session_id."""
+    output_tokens, and optionally hash_ids / prefix_id / session_id / request_class."""
 
     frame: pd.DataFrame
     layout: str
     source: str
     notes: list[str] = field(default_factory=list)  # what reading or options changed
+    class_order: tuple[str, ...] = ()  # the classes of the rule that classed it, in its order
 
     def __len__(self) -> int:
         return len(self.frame)
@@ -84,6 +98,37 @@ class Trace:
     @property
     def span_s(self) -> float:
         return float(self.arrivals[-1] - self.arrivals[0]) if len(self) else 0.0
+
+    @property
+    def request_classes(self) -> list[str] | None:
+        """Each request's class; None for a trace whose requests have none."""
+        if CLASS not in self.frame.columns:
+            return None
+        return [str(c) for c in self.frame[CLASS]]
+
+    @property
+    def class_names(self) -> list[str]:
+        """The classes of its requests, in the order of the rule that classed them (a column's
+        sorted by name); [] for a trace without classes."""
+        if CLASS not in self.frame.columns:
+            return []
+        present = {str(name) for name in self.frame[CLASS]}
+        listed = [name for name in self.class_order if name in present]
+        return listed + sorted(present - set(listed))
+
+
+@dataclass(frozen=True)
+class ClassBy:
+    """How a trace's requests get their class: the file's column ``column`` (None: the
+    layout's own, where the file has it), or ``rule`` on their recorded prompt length. ``known``
+    (the workload's classes) are the only names a column may hold; None: any. The keys name
+    the options in errors."""
+
+    column: str | None = None
+    rule: tuple[TraceClass, ...] = ()
+    known: tuple[str, ...] | None = None
+    column_key: str = "workload.trace.class_column"
+    rule_key: str = "workload.trace.classes"
 
 
 @dataclass(frozen=True)
@@ -168,14 +213,98 @@ def _typed(raw: pd.DataFrame, layout: TraceLayout, where: str) -> pd.DataFrame:
     return frame
 
 
-def read_trace(path: str | Path, layout: str | None = None) -> Trace:
-    """A whole trace, sorted by arrival, time from its first request. Requests without a
-    prompt or an output token (failed ones, in BurstGPT) are dropped and counted."""
+def _row(i: int) -> str:
+    """A request's place in the file: its row of requests, 1-based (a CSV's line is one more,
+    its header being line 1)."""
+    return f"row {i + 1}"
+
+
+def rule_classes(
+    prompts: np.ndarray, rule: Sequence[TraceClass], where: str, key: str
+) -> np.ndarray:
+    """Each prompt length's class by the rule: the first class whose max_prompt_tokens it does
+    not exceed. A prompt over every bound (the last class being bounded) is refused."""
+    bounds = [np.inf if r.max_prompt_tokens is None else r.max_prompt_tokens for r in rule]
+    index = np.searchsorted(np.asarray(bounds, dtype=float), prompts, side="left")
+    over = np.flatnonzero(index >= len(rule))
+    if len(over):
+        i = int(over[0])
+        last = rule[-1]
+        raise ConfigError(
+            f"trace {where!r} {_row(i)}: a prompt of {int(prompts[i])} tokens is over every "
+            f"class of {key} (the last, {last.name!r}, ends at {last.max_prompt_tokens}; "
+            f"{len(over)} such requests)",
+            hint="leave the last class without max_prompt_tokens: it takes every longer prompt",
+        )
+    names = np.array([r.name for r in rule], dtype=object)
+    return names[index]
+
+
+def _column_classes(raw: pd.DataFrame, column: str, by: ClassBy, where: str) -> np.ndarray:
+    values = raw[column]
+    names = values.astype(str).str.strip()
+    missing = values.isna().to_numpy() | (names == "").to_numpy()
+    if missing.any():
+        i = int(np.flatnonzero(missing)[0])
+        raise ConfigError(
+            f"trace {where!r} {_row(i)}: no {column} ({int(missing.sum())} requests lack one)",
+            hint=f"give every request its class in {column}, or drop the column",
+        )
+    if by.known is not None:
+        unknown = ~names.isin(by.known).to_numpy()
+        if unknown.any():
+            i = int(np.flatnonzero(unknown)[0])
+            raise ConfigError(
+                f"trace {where!r} {_row(i)}: {column}={names.iloc[i]!r} is not a class of the "
+                f"workload (workload.classes: {', '.join(by.known) or 'none'})",
+                hint="add it to workload.classes (its api, priority and SLOs then apply), "
+                "or correct the trace",
+            )
+    return names.to_numpy(dtype=object)
+
+
+def _request_classes(
+    raw: pd.DataFrame, prompts: np.ndarray, layout: TraceLayout, by: ClassBy, where: str
+) -> np.ndarray | None:
+    """Each request's class, in the file's order; None where neither a column nor a rule
+    classes them."""
+    columns = [str(c) for c in raw.columns]
+    if by.column is not None and by.column not in columns:
+        raise ConfigError(
+            f"{by.column_key}={by.column!r} is not a column of trace {where!r} (columns: "
+            f"{', '.join(columns)})",
+            hint="name the column that holds each request's class",
+        )
+    own = layout.request_class if layout.request_class in columns else None
+    column = by.column or own
+    if column is not None and by.rule:
+        raise ConfigError(
+            f"{by.rule_key} and the class column {column!r} of trace {where!r} both class its "
+            "requests",
+            hint="keep one: drop the rule on prompt length, or use a trace without the column",
+        )
+    if column is not None:
+        return _column_classes(raw, column, by, where)
+    if by.rule:
+        return rule_classes(prompts, by.rule, where, by.rule_key)
+    return None
+
+
+def read_trace(
+    path: str | Path, layout: str | None = None, classes: ClassBy | None = None
+) -> Trace:
+    """A whole trace, sorted by arrival, time from its first request, each request classed
+    by ``classes`` (where a column or a rule does). Requests without a prompt or an output
+    token (failed ones, in BurstGPT) are dropped and counted."""
     path = Path(path)
     raw = _read_frame(path)
     columns = [str(c) for c in raw.columns]
     chosen = _layout(columns, layout, str(path))
     frame = _typed(raw, chosen, str(path))
+    by = classes or ClassBy()
+    classed = _request_classes(raw, frame[PROMPT].to_numpy(), chosen, by, str(path))
+    if classed is not None:
+        frame[CLASS] = classed
     frame = frame.sort_values(ARRIVAL, kind="stable").reset_index(drop=True)
     notes = []
     empty = (frame[PROMPT] < 1) | (frame[OUTPUT] < 1)
@@ -184,7 +313,8 @@ def read_trace(path: str | Path, layout: str | None = None) -> Trace:
         frame = frame[~empty].reset_index(drop=True)
     if len(frame):
         frame[ARRIVAL] -= frame[ARRIVAL].iloc[0]
-    return Trace(frame, chosen.name, str(path), notes)
+    order = tuple(r.name for r in by.rule) if classed is not None else ()
+    return Trace(frame, chosen.name, str(path), notes, order)
 
 
 def select(trace: Trace, options: TraceOptions) -> Trace:
@@ -208,7 +338,7 @@ def select(trace: Trace, options: TraceOptions) -> Trace:
             hint="move trace.start_s or widen trace.duration_s",
         )
     frame[ARRIVAL] = (frame[ARRIVAL] - options.start_s) / options.rate_scale
-    out = Trace(frame, trace.layout, trace.source, list(trace.notes))
+    out = Trace(frame, trace.layout, trace.source, list(trace.notes), trace.class_order)
     if options.max_model_len is not None:
         cap_lengths(out, options.max_model_len)
     return out
@@ -247,9 +377,14 @@ def cap_lengths(trace: Trace, max_model_len: int) -> int:
     return n
 
 
-def load(path: str | Path, options: TraceOptions, layout: str | None = None) -> Trace:
-    """Read, window, rescale and cap a trace in one call."""
-    return select(read_trace(path, layout), options)
+def load(
+    path: str | Path,
+    options: TraceOptions,
+    layout: str | None = None,
+    classes: ClassBy | None = None,
+) -> Trace:
+    """Read, class, window, rescale and cap a trace in one call."""
+    return select(read_trace(path, layout, classes), options)
 
 
 def write_plain(trace: Trace, path: Path) -> None:
