@@ -53,3 +53,18 @@ class ErrorRate(Constraint):
         if not has_traffic(m):
             return NO_DATA_VIOLATION  # an empty window is not an error-free one
         return m.error_rate - ctx.slo.max_error_rate
+
+
+@register_constraint
+class RejectedRate(Constraint):
+    """Requests refused as too long for the server's context (a tier cap's max_model_len):
+    not errors of the server, bounded on their own. At the default bound of 0 a cap that turns
+    requests away is infeasible; a user who sends long requests to another tier allows a share."""
+
+    name = "rejected_rate"
+    description = "rejected_rate - slo.max_rejected_rate (0 = no rejected request allowed)"
+
+    def violation(self, m: Measurements, ctx: ObjectiveContext) -> float:
+        if not has_traffic(m):
+            return NO_DATA_VIOLATION  # an empty window rejected nothing because it sent nothing
+        return m.rejected_rate - ctx.slo.max_rejected_rate

@@ -99,7 +99,8 @@ def _print_outcome(outcome: object) -> None:
     print(m.table().to_string(float_format=lambda v: f"{v:.4f}"))
     print(
         f"\nrequests {m.completed}/{m.requests_started} ok, error rate {m.error_rate:.2%}, "
-        f"{m.request_throughput:.2f} req/s, {m.output_throughput:.0f} output tok/s, "
+        + (f"{m.rejected} rejected over max_model_len, " if m.rejected else "")
+        + f"{m.request_throughput:.2f} req/s, {m.output_throughput:.0f} output tok/s, "
         f"goodput {m.goodput:.2f} req/s over {m.window_s:.1f} s"
     )
     if m.window_slices:  # a trend here (warm-up too short, throttling) is not noise

@@ -37,6 +37,7 @@ BUILTIN_CONSTRAINTS = {
     "slo_p99_ttft",
     "slo_p99_tpot",
     "error_rate",
+    "rejected_rate",
     "quality_vs_baseline",
 }
 

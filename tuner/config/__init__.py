@@ -150,7 +150,7 @@ class TunerConfig:
             raise ConfigError(f"name={self.name!r} is not a valid study name")
         self.server.validate()
         self.workload.validate()
-        self.slo.check_classes([c.name for c in self.workload.classes])
+        self.slo.validate([c.name for c in self.workload.classes])
         self.quality.validate()
         self.telemetry.validate()
         self.plan.validate()

@@ -20,11 +20,15 @@ CLASS_SLO_METRICS = ("e2e", "ttft", "tpot")  # what an SLO of one request class 
 @dataclass
 class ClassSloConfig:
     """One request class's own SLOs, in seconds (0 = not set): a chat turn needs its first
-    token fast, a document summary can wait. Each set one is a constraint of its own."""
+    token fast, a document summary can wait. Each set one is a constraint of its own.
+    ``max_rejected_rate`` bounds the share of the class's requests refused as too long for the
+    server's context (None = not set: only slo.max_rejected_rate over every request; 0 is a
+    bound, none allowed)."""
 
     p99_e2e_s: float = 0.0
     p99_ttft_s: float = 0.0
     p99_tpot_s: float = 0.0
+    max_rejected_rate: float | None = None
 
     def limits(self) -> dict[str, float]:
         """The set ones, by metric (e2e, ttft, tpot)."""
@@ -36,12 +40,19 @@ class ClassSloConfig:
 class SloConfig:
     """Service-level objectives, in seconds (0 = not set). Used for goodput and constraints.
     ``classes`` sets SLOs for one request class of the workload (``slo.classes.chat.p99_ttft_s``)
-    beside the ones over every request."""
+    beside the ones over every request.
+
+    ``max_rejected_rate`` is the share of the requests a server may refuse as longer than its
+    context (its max_model_len, a tier cap): 0 allows none, so a cap that turns requests away
+    is infeasible unless the user sends a share of the traffic to another tier (0.25: a
+    quarter; ``slo.classes.<class>.max_rejected_rate`` bounds one class, beside this one).
+    Rejected requests are not errors: max_error_rate is over the requests the server took."""
 
     p99_e2e_s: float = 0.0
     p99_ttft_s: float = 0.0
     p99_tpot_s: float = 0.0
     max_error_rate: float = 0.01
+    max_rejected_rate: float = 0.0
     # class -> {p99_ttft_s: ..., ...}: plain mappings, so that one override sets one
     # (``+slo.classes.chat.p99_ttft_s=0.5``); :meth:`class_slo` reads one as its type
     classes: dict[str, dict[str, float]] = field(default_factory=dict)
@@ -58,6 +69,16 @@ class SloConfig:
             for metric, limit in self.class_slo(name).limits().items()
         ]
 
+    def class_rejected_limits(self) -> list[tuple[str, float]]:
+        """Every set class bound on rejected requests as (class, max_rejected_rate)."""
+        found = [(name, self.class_slo(name).max_rejected_rate) for name in sorted(self.classes)]
+        return [(name, float(limit)) for name, limit in found if limit is not None]
+
+    def validate(self, known: Collection[str]) -> None:
+        """The rates are shares, and every class SLO names a class of the workload."""
+        _check_share("slo.max_rejected_rate", self.max_rejected_rate)
+        self.check_classes(known)
+
     def check_classes(self, known: Collection[str]) -> None:
         """A class SLO names a class of the workload, and its limits are not negative."""
         for name in self.classes:
@@ -70,6 +91,16 @@ class SloConfig:
                 )
             if any(getattr(slo, f"p99_{m}_s") < 0 for m in CLASS_SLO_METRICS):
                 raise ConfigError(f"slo.classes.{name}: an SLO must be >= 0 seconds (0: not set)")
+            if slo.max_rejected_rate is not None:
+                _check_share(f"slo.classes.{name}.max_rejected_rate", slo.max_rejected_rate)
+
+
+def _check_share(key: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= 1:
+        raise ConfigError(
+            f"{key}={value!r} is not a share of the requests: it must be in [0, 1]",
+            hint="0 allows no rejected request, 1 allows every one",
+        )
 
 
 def _class_slo(name: str, data: Any) -> ClassSloConfig:
@@ -93,6 +124,7 @@ class ObjectivesConfig:
             "slo_p99_ttft",
             "slo_p99_tpot",
             "error_rate",
+            "rejected_rate",
             "quality_vs_baseline",
         ]
     )

@@ -33,10 +33,14 @@ def is_token_event(event: dict[str, Any], chat: bool) -> bool:
     return any(isinstance(delta.get(k), str) for k in _CHAT_OUTPUT_KEYS)
 
 
-def read_stream(lines: Iterable[bytes], rec: RequestRecord, t_send: float, chat: bool) -> None:
-    """Fill timing and usage fields from the SSE stream; raise on a malformed stream."""
+def read_stream(
+    lines: Iterable[bytes], rec: RequestRecord, t_send: float, chat: bool
+) -> str | None:
+    """Fill timing and usage fields from the SSE stream; raise on a malformed stream. Returns
+    the stream's finish_reason ("length", "stop", ...; None where no event said one)."""
     last: float | None = None
     done = False
+    finish: str | None = None
     for raw in lines:
         if not raw or raw.startswith(b":") or not raw.startswith(b"data:"):
             continue  # blank separators, `: keep-alive` comments, other SSE fields
@@ -49,6 +53,8 @@ def read_stream(lines: Iterable[bytes], rec: RequestRecord, t_send: float, chat:
         event = json.loads(data)
         if "error" in event and not event.get("choices"):
             raise ValueError(f"error event: {json.dumps(event['error'])[:ERROR_TEXT_MAX]}")
+        if (choices := event.get("choices")) and (reason := choices[0].get("finish_reason")):
+            finish = str(reason)
         if usage := event.get("usage"):
             rec.prompt_tokens = usage.get("prompt_tokens")
             rec.output_tokens = usage.get("completion_tokens")
@@ -62,3 +68,4 @@ def read_stream(lines: Iterable[bytes], rec: RequestRecord, t_send: float, chat:
     if not done or last is None:
         raise ValueError("stream ended without [DONE]" if not done else "no token in the stream")
     rec.e2e_s = last - t_send
+    return finish

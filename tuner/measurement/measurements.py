@@ -78,6 +78,10 @@ class ClassStats:
     error_rate: float
     output_throughput: float  # output tok/s of this class's completed requests
     goodput: float  # req/s of this class that met every set SLO
+    # Requests too long for the server's context (records.ERROR_REJECTED), apart from the
+    # failures; their rate is of the requests started. 0 in a result.json written before.
+    rejected: int = 0
+    rejected_rate: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -105,6 +109,8 @@ class ClassStats:
             error_rate=self.error_rate,
             output_throughput_tok_s=self.output_throughput,
             goodput_req_s=self.goodput,
+            rejected=float(self.rejected),
+            rejected_rate=self.rejected_rate,
         )
         return out
 
@@ -120,9 +126,9 @@ class Measurements:
     window_s: float
     requests_started: int
     completed: int
-    failed: int
+    failed: int  # the server's (and the client's) errors; not the rejected requests
     errors_by_kind: dict[str, int]
-    error_rate: float
+    error_rate: float  # failed / the requests the server accepted (started - rejected)
     request_throughput: float  # completed req/s
     output_throughput: float  # output tok/s of completed requests
     total_throughput: float  # (prompt + output) tok/s of completed requests
@@ -142,6 +148,11 @@ class Measurements:
     # Requests sent later than scheduled by more than stats.DISPATCH_LAG_WARN_S (an open loop or a
     # trace replay): the client, not the server, set their arrival.
     late_sends: int = 0
+    # Requests refused as too long for the server's context (its max_model_len: a tier cap),
+    # never clipped to fit: neither latency samples nor errors (records.ERROR_REJECTED). The
+    # rate is of the requests started; slo.max_rejected_rate bounds it.
+    rejected: int = 0
+    rejected_rate: float = 0.0
     warnings: list[str] = field(default_factory=list)
     # The load generator behind this window: its processes and the token events per second
     # they read (set by the trial; 0 where unknown). A window whose client could not keep up
@@ -192,6 +203,8 @@ class Measurements:
             e2e_p99_adjusted_s=_nan_if_none(self.e2e_p99_adjusted_s),
             output_token_rate_tok_s=_nan_if_none(self.output_token_rate),
             late_sends=float(self.late_sends),
+            rejected=float(self.rejected),
+            rejected_rate=self.rejected_rate,
         )
         # Every known kind always appears, so tables of several trials share their columns.
         for kind in sorted(set(ERROR_KINDS) | set(self.errors_by_kind)):

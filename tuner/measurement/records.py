@@ -26,7 +26,14 @@ ERROR_HTTP = "http"  # the server answered 4xx/5xx
 ERROR_CONNECTION = "connection"  # connect/reset/disconnect: may be a client artifact (keep-alive)
 ERROR_TIMEOUT = "timeout"  # no answer within workload.request_timeout_s
 ERROR_STREAM = "stream"  # an error event or a malformed stream after a 200
+# The errors of a run, each counted in error_rate and errors_by_kind.
 ERROR_KINDS = (ERROR_HTTP, ERROR_CONNECTION, ERROR_TIMEOUT, ERROR_STREAM)
+# Not an error of the server: the request does not fit its context (max_model_len), which
+# refused it (vLLM's HTTP 400), or served fewer tokens than asked (finish_reason "length"
+# short of max_tokens). A deployment that caps the context sends such requests to another
+# tier: counted apart (rejected, rejected_rate, slo.max_rejected_rate), never a latency
+# sample, and the prompt is never clipped to fit (tuner.loadgen.request.context_refusal).
+ERROR_REJECTED = "rejected"
 
 PHASE_WARMUP = "warmup"
 PHASE_MEASURE = "measure"

@@ -13,8 +13,11 @@ comparable with it:
 A request is *measured* when ``phase == "measure"`` and ``window_start <= sent_at < window_end``;
 it may finish after ``window_end`` (the load generator lets it drain), because dropping the slow
 in-flight requests would flatter the tail. A failed request is never a latency sample; it counts in
-``error_rate`` and ``errors_by_kind``. Statistics of an empty sample are ``None`` (JSON null),
-never NaN or zero, so "no data" cannot pass for a perfect latency.
+``error_rate`` and ``errors_by_kind``. A request *rejected* because it does not fit the server's
+context (``error_kind`` "rejected": a tier cap's max_model_len) is neither a sample nor an error
+of the server: it counts in ``rejected`` and ``rejected_rate`` (of the requests started), and
+``error_rate`` is over the requests the server accepted. Statistics of an empty sample are
+``None`` (JSON null), never NaN or zero, so "no data" cannot pass for a perfect latency.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ import numpy as np
 
 from tuner.config import SloConfig
 from tuner.measurement.measurements import ClassStats, Measurements, MetricStats
-from tuner.measurement.records import ERROR_STREAM, PHASE_MEASURE, RequestRecord
+from tuner.measurement.records import ERROR_REJECTED, ERROR_STREAM, PHASE_MEASURE, RequestRecord
 
 # A distribution-free two-sided 95 % CI for P99 whose upper end is the sample maximum exists only
 # when 1 - 0.99**n >= 0.975, i.e. n >= 368.
@@ -77,6 +80,10 @@ def _meets_slo(rec: RequestRecord, slo: SloConfig) -> bool:
     return not (slo.p99_ttft_s > 0 and rec.ttft_s is None)
 
 
+def _is_rejected(rec: RequestRecord) -> bool:
+    return not rec.ok and rec.error_kind == ERROR_REJECTED
+
+
 def _error_kind(rec: RequestRecord) -> str:
     if rec.ok:  # marked ok but without an E2E: the stream ended before any token
         return ERROR_STREAM
@@ -97,13 +104,25 @@ class _Sample:
 
     started: list[RequestRecord]
     done: list[RequestRecord]
-    failures: list[RequestRecord]
+    failures: list[RequestRecord]  # the server's errors (and the client's)
+    rejected: list[RequestRecord]  # refused as too long for the server's context
+
+    @property
+    def error_rate(self) -> float:
+        """Failures over the requests the server accepted (a rejected one it did not)."""
+        accepted = len(self.started) - len(self.rejected)
+        return len(self.failures) / accepted if accepted else 0.0
+
+    @property
+    def rejected_rate(self) -> float:
+        return len(self.rejected) / len(self.started) if self.started else 0.0
 
 
 def _sample_of(started: list[RequestRecord]) -> _Sample:
     done = [r for r in started if _is_completed(r)]
-    failures = [r for r in started if not _is_completed(r)]
-    return _Sample(started, done, failures)
+    rejected = [r for r in started if _is_rejected(r)]
+    failures = [r for r in started if not _is_completed(r) and not _is_rejected(r)]
+    return _Sample(started, done, failures, rejected)
 
 
 def _split(records: Iterable[RequestRecord], start: float, end: float) -> _Sample:
@@ -245,6 +264,14 @@ def _warnings(
     hollow = sum(1 for r in sample.failures if r.ok)
     if hollow:
         out.append(f"{hollow} requests marked ok have no e2e_s; counted as stream errors")
+    if sample.rejected:
+        classes = Counter(r.request_class for r in sample.rejected)
+        where = ", ".join(f"{name} {n}" for name, n in sorted(classes.items()))
+        out.append(
+            f"{len(sample.rejected)} of {len(sample.started)} requests rejected as longer than "
+            f"the server's max_model_len ({where}): neither latency samples nor server errors; "
+            "slo.max_rejected_rate bounds them"
+        )
     return out
 
 
@@ -252,17 +279,18 @@ def _class_stats(sample: _Sample, window_s: float, slo: SloConfig) -> ClassStats
     # The same functions as the totals, on the class's part of the window: one definition.
     stats = _latency_stats(sample.done)
     _, out_tput, _, goodput = _throughputs(sample, window_s, slo)
-    started, failed = len(sample.started), len(sample.failures)
     return ClassStats(
         ttft=stats["ttft"],
         tpot=stats["tpot"],
         e2e=stats["e2e"],
-        requests_started=started,
+        requests_started=len(sample.started),
         completed=len(sample.done),
-        failed=failed,
-        error_rate=failed / started if started else 0.0,
+        failed=len(sample.failures),
+        error_rate=sample.error_rate,
         output_throughput=out_tput,
         goodput=goodput,
+        rejected=len(sample.rejected),
+        rejected_rate=sample.rejected_rate,
     )
 
 
@@ -297,7 +325,6 @@ def measure(
     sample = _split(records, window_start, window_end)
     stats = _latency_stats(sample.done)
     lag_p99 = _percentile([r.sent_at - r.scheduled_at for r in sample.started], 99)
-    started, failed = len(sample.started), len(sample.failures)
     req_tput, out_tput, total_tput, goodput = _throughputs(sample, window_s, slo)
     mean_prompt, mean_output = _token_means(sample.done)
     return Measurements(
@@ -306,11 +333,11 @@ def measure(
         itl=stats["itl"],
         e2e=stats["e2e"],
         window_s=window_s,
-        requests_started=started,
+        requests_started=len(sample.started),
         completed=len(sample.done),
-        failed=failed,
+        failed=len(sample.failures),
         errors_by_kind=dict(Counter(_error_kind(r) for r in sample.failures)),
-        error_rate=failed / started if started else 0.0,
+        error_rate=sample.error_rate,
         request_throughput=req_tput,
         output_throughput=out_tput,
         total_throughput=total_tput,
@@ -322,6 +349,8 @@ def measure(
         output_token_rate=token_rate(records, window_start, window_end),
         window_slices=window_slices(records, window_start, window_end),
         late_sends=_late_sends(sample.started),
+        rejected=len(sample.rejected),
+        rejected_rate=sample.rejected_rate,
         warnings=_warnings(sample, stats, lag_p99, window_s),
         by_class=_by_class(sample, window_s, slo),
     )

@@ -62,10 +62,20 @@ def classes_frame(review: Review, params: Mapping[str, Any]) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=COLUMNS)
 
 
-def _row(name: str, label: str, views: Sequence[TrialView], slos: Mapping[str, float]) -> list[Any]:
+def _row(name: str, label: str, views: Sequence[TrialView], slos: Mapping[str, Any]) -> list[Any]:
     means = [_mean(views, class_metric_attr(name, key)) for _, key in MEASURED]
-    limits = ", ".join(f"{metric} <= {limit:g}" for metric, limit in sorted(slos.items()))
-    return [name, label, len(views), *means, limits]
+    return [name, label, len(views), *means, _limits(slos)]
+
+
+def _limits(slos: Mapping[str, Any]) -> str:
+    """The class's set bounds: a latency SLO of 0 and a rejected-rate bound of None are unset
+    (a rejected-rate bound of 0 is set: no request of the class may be rejected)."""
+    shown = []
+    for key, limit in sorted(slos.items()):
+        unset = limit is None or (key.startswith("p99_") and not limit)
+        if not unset:
+            shown.append(f"{key} <= {float(limit):g}")
+    return ", ".join(shown)
 
 
 def _mean(views: Sequence[TrialView], attr: str) -> float | None:

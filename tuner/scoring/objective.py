@@ -38,6 +38,7 @@ from importlib import metadata
 from typing import ClassVar, Literal, TypeVar
 
 from tuner.config import CostConfig, ObjectivesConfig, SloConfig
+from tuner.config.objectives import CLASS_SLO_METRICS
 from tuner.errors import ConfigError
 from tuner.measurement.stats import Measurements
 from tuner.scoring.feasibility import NO_DATA_VIOLATION, UNSET_SLO, meets
@@ -230,23 +231,65 @@ class ClassSlo(Constraint):
         if stats is None or stats.requests_started == 0:
             # no request of the class in the window: nothing says it met its SLO
             return NO_DATA_VIOLATION if limit > 0 else UNSET_SLO
+        if limit > 0 and stats.rejected == stats.requests_started:
+            # every one too long for this server's context (a tier cap): it serves none of the
+            # class, whose latency is another tier's; the rejected-rate bounds judge the cap
+            return UNSET_SLO
         metric = getattr(stats, self.metric)
         if self.metric == "tpot" and stats.completed > 0 and metric.n == 0:
             return UNSET_SLO  # only 1-token outputs: no TPOT exists (as slo_p99_tpot)
         return relative_violation(metric.p99, limit)
 
 
+class ClassRejectedRate(Constraint):
+    """One request class's share of requests refused as too long for the server's context
+    (``slo.classes.<class>.max_rejected_rate``), like ``rejected_rate`` over every request,
+    which still applies beside it. Made per set bound (:func:`class_slos`), not registered."""
+
+    request_class: ClassVar[str]
+
+    def violation(self, m: Measurements, ctx: ObjectiveContext) -> float:
+        stats = m.by_class.get(self.request_class)
+        limit = ctx.slo.class_slo(self.request_class).max_rejected_rate
+        if limit is None:
+            return UNSET_SLO
+        if stats is None or stats.requests_started == 0:
+            return NO_DATA_VIOLATION  # no request of the class sent: nothing says it fits
+        return stats.rejected_rate - limit
+
+
 def class_slo_name(request_class: str, metric: str) -> str:
     return f"slo_{request_class}_p99_{metric}"
 
 
+def class_of_slo(name: str) -> tuple[str, str] | None:
+    """(class, metric) of a name :func:`class_slo_name` made; None for an SLO over every
+    request (``slo_p99_ttft``) or any other constraint."""
+    head, sep, metric = name.rpartition("_p99_")
+    if not sep or not head.startswith("slo_") or metric not in CLASS_SLO_METRICS:
+        return None
+    request_class = head.removeprefix("slo_")
+    return (request_class, metric) if request_class else None
+
+
+def class_rejected_name(request_class: str) -> str:
+    """Not ``slo_``-prefixed: like ``rejected_rate`` and ``error_rate`` (not a latency SLO), a
+    summary shows it where it is not met."""
+    return f"rejected_rate_{request_class}"
+
+
 def class_slos(slo: SloConfig) -> list[Constraint]:
-    """A constraint for each class SLO ``slo`` sets, named ``slo_<class>_p99_<metric>``."""
+    """A constraint for each class SLO ``slo`` sets: ``slo_<class>_p99_<metric>`` for a
+    latency, ``rejected_rate_<class>`` for a bound on rejected requests."""
     out: list[Constraint] = []
     for request_class, metric, _limit in slo.class_limits():
         name = class_slo_name(request_class, metric)
         attrs = {"name": name, "request_class": request_class, "metric": metric}
         out.append(type(f"ClassSlo[{name}]", (ClassSlo,), attrs)())
+    for request_class, _bound in slo.class_rejected_limits():
+        name = class_rejected_name(request_class)
+        attrs = {"name": name, "request_class": request_class}
+        out.append(type(f"ClassRejectedRate[{name}]", (ClassRejectedRate,), attrs)())
     return out
 
 

@@ -76,11 +76,14 @@ def _workload(config: TunerConfig) -> dict[str, Any]:
 
 
 def _slo(config: TunerConfig) -> dict[str, Any]:
-    """The SLOs; without class SLOs exactly as before they existed, so a stored baseline of a
-    study that sets none is still the same baseline."""
+    """The SLOs; without class SLOs and with no rejected request allowed (the default) exactly
+    as before either existed, so a stored baseline of a study that sets neither is still the
+    same baseline."""
     slo = asdict(config.slo)
     if not slo["classes"]:
         del slo["classes"]
+    if not slo["max_rejected_rate"]:
+        del slo["max_rejected_rate"]
     return slo
 
 

@@ -150,7 +150,8 @@ def _run_phases(
     outcome.window = Window(result.window_start, result.window_end)
     outcome.telemetry = summary
     if m.completed == 0:  # e.g. every request rejected (401, 400): nothing was measured
-        errors = ", ".join(f"{k} {v}" for k, v in m.errors_by_kind.items() if v) or "none sent"
+        counts = {**m.errors_by_kind, **({"rejected": m.rejected} if m.rejected else {})}
+        errors = ", ".join(f"{k} {v}" for k, v in counts.items() if v) or "none sent"
         outcome.fail(REASON_NO_COMPLETED, f"no request completed in the window ({errors})")
         return
     outcome.status = TrialStatus.OK
@@ -398,6 +399,8 @@ def _summary_line(outcome: TrialOutcome) -> str:
         f"trial {outcome.trial_id} ok: {m.completed} requests, "
         f"P99 E2E {m.e2e.p99:.3f} s, {m.output_throughput:.0f} output tok/s"
     )
+    if m.rejected:  # not in the latencies above, nor an error: too long for this server
+        line += f", {m.rejected} rejected over max_model_len"
     # Shown with the result, not only in result.json: a study's numbers are not the engine's.
     if outcome.telemetry.client_lagging:
         ratios = outcome.telemetry.client_over_server
