@@ -30,6 +30,9 @@ FIGURE_TITLES = {
     "latency_cdf": "Latency CDFs: the baseline over all its windows vs the chosen configuration "
     "over its search window and confirmation rounds (with no stage accepted: the best search "
     "window, not confirmed)",
+    "class_latency_cdf": "Latency CDFs per request class: the same two sides on each class's "
+    "own requests, of the metric the class's SLO bounds (no class SLO: end-to-end latency and "
+    "TTFT); dashed red: the class's SLO limit, dotted: the P99 level",
     "importances": "Parameter importances",
 }
 SUMMARY_COLS = ["label", "role", "status", "feasible", "pareto", "bottleneck"]

@@ -9,7 +9,8 @@ they needed, the verdict).
 
 The tables come from :mod:`tuner.review.report_tables`; this module assembles them into a
 :class:`Report` and gathers the numbers behind each figure, drawn from
-:class:`~tuner.review.plots.FigureData`.
+:class:`~tuner.review.class_plots.ReportFigureData` (the figures of :mod:`tuner.review.plots`
+and the per-class latency CDFs).
 """
 
 from __future__ import annotations
@@ -18,10 +19,12 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
-from tuner.review import plots
-from tuner.review.classes import classes_frame
+from tuner.config.objectives import CLASS_SLO_METRICS
+from tuner.review import class_plots, plots
+from tuner.review.class_plots import ClassCdf, ClassSeries, ReportFigureData
+from tuner.review.classes import class_names, class_slos, classes_frame, shows_classes
 from tuner.review.estimates import EstimateCheck, estimate_check
-from tuner.review.plots import CdfSeries, FigureData, ImprovementData, ParetoData, PointKind
+from tuner.review.plots import CdfSeries, ImprovementData, ParetoData, PointKind
 from tuner.review.report_tables import (
     SearchWindow,
     StageOutcome,
@@ -38,7 +41,8 @@ from tuner.review.slos import HandoverSlos, handover_slos
 from tuner.review.stored import Review, TrialView
 from tuner.schema import Role, TrialAttr
 
-FIGURES = ("pareto", "improvement", "latency_cdf", "importances")
+# in the page's order; class_latency_cdf only where the workload has classes to show
+FIGURES = ("pareto", "improvement", "latency_cdf", "class_latency_cdf", "importances")
 
 
 # -- the report ------------------------------------------------------------------------------
@@ -61,7 +65,7 @@ class Report:
     slos: HandoverSlos = field(default_factory=HandoverSlos)
     # per request class, the baseline against the hand-over (empty for a one-class workload)
     classes: pd.DataFrame = field(default_factory=pd.DataFrame)
-    data: FigureData | None = None
+    data: ReportFigureData | None = None
     figures: dict[str, bytes] = field(default_factory=dict)
 
 
@@ -85,17 +89,21 @@ def build_report(review: Review, figures: bool = True) -> Report:
     )
     if figures:
         report.data = figure_data(report)
-        report.figures = plots.render(report.data)
+        drawn = class_plots.render(report.data)
+        # FIGURES' order; a figure not named there (yet) after them, never left out
+        report.figures = {**{name: drawn[name] for name in FIGURES if name in drawn}, **drawn}
     return report
 
 
-def figure_data(report: Report) -> FigureData:
+def figure_data(report: Report) -> ReportFigureData:
     review = report.review
-    return FigureData(
+    sides = request_sides(review)  # each window's requests read once, for both CDF figures
+    return ReportFigureData(
         pareto=pareto_data(review, report.trials),
         improvement=improvement_data(review, report.outcomes),
-        latency_cdf=cdf_data(review),
+        latency_cdf=cdf_data(review, sides),
         importances=plots.ImportanceData(review.select_by, report.importances),
+        class_latency_cdf=class_cdf_data(review, sides),
     )
 
 
@@ -167,14 +175,6 @@ def _requests(view: TrialView) -> pd.DataFrame | None:
     return frame[(frame["phase"] == "measure") & frame["ok"]]
 
 
-def _series(label: str, views: list[TrialView]) -> CdfSeries | None:
-    frames = [f for f in (_requests(v) for v in views) if f is not None]
-    if not frames:
-        return None
-    pooled = pd.concat(frames)
-    return CdfSeries(label, pooled["e2e_s"].tolist(), pooled["ttft_s"].tolist())
-
-
 def _confirm_windows(review: Review, stage: str, side: str) -> list[TrialView]:
     """A stage's confirmation rounds of one side (``candidate`` or ``incumbent``)."""
     views = review.confirm_trials()
@@ -182,17 +182,78 @@ def _confirm_windows(review: Review, stage: str, side: str) -> list[TrialView]:
     return [v for v, tag in tags if len(tag) == 3 and tag[0] == stage and tag[2] == side]
 
 
-def cdf_data(review: Review) -> list[CdfSeries]:
-    """The baseline over all its windows against the chosen configuration over its search
-    window and confirmation rounds; with no stage accepted, the best search window, marked."""
+def cdf_sides(review: Review) -> list[tuple[str, list[TrialView]]]:
+    """The two sides both latency CDF figures compare, each with its label: the baseline over
+    all its windows against the chosen configuration over its search window and confirmation
+    rounds; with no stage accepted, the best search window, marked."""
     windows = review.baseline_windows
-    groups = [(f"baseline, all {len(windows)} window(s)", windows)]
+    sides = [(f"baseline, all {len(windows)} window(s)", windows)]
     choice = review.choice()
     if choice.decision and choice.trial is not None:
         rounds = _confirm_windows(review, choice.trial.stage, "candidate")
         label = f"chosen {source_label(choice.trial)} + {len(rounds)} confirmation windows"
-        groups.append((label, [choice.trial, *rounds]))
+        sides.append((label, [choice.trial, *rounds]))
     elif (best := review.best()) is not None:
-        groups.append((f"{source_label(best)} ({plots.UNCONFIRMED})", [best]))
-    found = [_series(label, views) for label, views in groups]
-    return [s for s in found if s is not None]
+        sides.append((f"{source_label(best)} ({plots.UNCONFIRMED})", [best]))
+    return sides
+
+
+def request_sides(review: Review) -> list[tuple[str, pd.DataFrame]]:
+    """Each side of :func:`cdf_sides` with its windows' requests pooled (a side whose trial
+    folders are not here is left out)."""
+    pooled = []
+    for label, views in cdf_sides(review):
+        frames = [f for f in (_requests(v) for v in views) if f is not None]
+        if frames:
+            pooled.append((label, pd.concat(frames, ignore_index=True)))
+    return pooled
+
+
+def cdf_data(
+    review: Review, sides: list[tuple[str, pd.DataFrame]] | None = None
+) -> list[CdfSeries]:
+    """E2E and TTFT of every request of each side (:func:`cdf_sides`)."""
+    found = request_sides(review) if sides is None else sides
+    return [CdfSeries(label, f["e2e_s"].tolist(), f["ttft_s"].tolist()) for label, f in found]
+
+
+def class_cdf_data(
+    review: Review, sides: list[tuple[str, pd.DataFrame]] | None = None
+) -> list[ClassCdf]:
+    """Per request class, each side (:func:`cdf_sides`) on that class's requests only, of the
+    metrics the class's SLOs bound (none set: E2E and TTFT); none where the workload has one
+    class and no class SLO."""
+    if not shows_classes(review):
+        return []
+    found = request_sides(review) if sides is None else sides
+    slos = class_slos(review)
+    return [_class_cdf(name, slos.get(name) or {}, found) for name in class_names(review)]
+
+
+def _class_cdf(
+    name: str, slos: dict[str, float], sides: list[tuple[str, pd.DataFrame]]
+) -> ClassCdf:
+    limits = {m: float(slos.get(f"p99_{m}_s") or 0.0) for m in CLASS_SLO_METRICS}
+    limits = {m: limit for m, limit in limits.items() if limit > 0}
+    metrics = list(limits) or list(class_plots.DEFAULT_METRICS)
+    series = []
+    for label, frame in sides:
+        if "request_class" not in frame:  # records from before request classes
+            continue
+        own = frame[frame["request_class"].astype(str) == name]
+        if not own.empty:
+            series.append(ClassSeries(label, {m: _latencies(own, m) for m in metrics}))
+    return ClassCdf(name, metrics, limits, series)
+
+
+def _latencies(frame: pd.DataFrame, metric: str) -> list[float]:
+    """Seconds per request; TPOT as the measurement computes it, (E2E - TTFT) over the output
+    tokens after the first, for requests with more than one."""
+    if metric != "tpot":
+        values = frame[f"{metric}_s"]
+    elif "output_tokens" in frame:
+        many = frame[frame["output_tokens"] > 1]
+        values = (many["e2e_s"] - many["ttft_s"]) / (many["output_tokens"] - 1)
+    else:
+        return []
+    return [float(v) for v in values.dropna()]
