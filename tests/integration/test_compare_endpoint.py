@@ -32,7 +32,10 @@ WORKLOAD = [
 ]
 
 
-def _compare(a: str, b: str, out: Path) -> tuple[int, dict[str, dict[str, Any]]]:
+Rows = dict[str, dict[str, Any]]
+
+
+def _compare(a: str, b: str, out: Path) -> tuple[int, Rows, dict[str, Rows]]:
     rc = main(
         [
             "compare",
@@ -50,15 +53,16 @@ def _compare(a: str, b: str, out: Path) -> tuple[int, dict[str, dict[str, Any]]]
         ]
     )
     report = json.loads((out / "compare.json").read_text())
-    return rc, {str(r["objective"]): r for r in report["objectives"]}
+    classes = {c: {str(r["objective"]): r for r in rows} for c, rows in report["classes"].items()}
+    return rc, {str(r["objective"]): r for r in report["objectives"]}, classes
 
 
 def test_a_slower_b_is_worse_and_an_identical_b_is_within_noise(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     with FakeServer(FAST) as a, FakeServer(SLOW) as b, FakeServer(FAST) as c:
-        rc_worse, worse = _compare(a.url, b.url, tmp_path / "worse")
-        rc_same, same = _compare(a.url, c.url, tmp_path / "same")
+        rc_worse, worse, worse_classes = _compare(a.url, b.url, tmp_path / "worse")
+        rc_same, same, _ = _compare(a.url, c.url, tmp_path / "same")
     assert rc_worse == 1 and rc_same == 0
     tput = worse["output_throughput"]
     assert tput["decision"] == "B worse" and tput["high"] < 0.8  # 2.5x the token gap
@@ -66,3 +70,11 @@ def test_a_slower_b_is_worse_and_an_identical_b_is_within_noise(
     assert {r["decision"] for r in same.values()} == {"within noise"}
     out = capsys.readouterr().out
     assert "windows ABBA" in out and "B worse" in out
+    # the default workload's two classes, each with its own rows: B's token gap is each one's
+    assert set(worse_classes) == {"short", "long_context"}
+    for name, rows in worse_classes.items():
+        assert set(rows) == {"p99_ttft", "p99_tpot", "p99_e2e", "output_throughput"}
+        assert rows["p99_tpot"]["decision"] == "B worse", (name, rows["p99_tpot"])
+        assert f"{name}: p99_tpot" in out
+    junit = (tmp_path / "worse" / "junit.xml").read_text()
+    assert 'name="short: p99_tpot"' in junit

@@ -11,15 +11,21 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
+from tuner.composition import compose
+from tuner.config import SloConfig
 from tuner.deployment.compare import (
     BETTER,
     SAME,
     UNRESOLVED,
     WORSE,
+    CompareResult,
+    class_ratios,
     more_rounds,
     ratio_of,
+    table,
     window_order,
 )
+from tuner.measurement.stats import ClassStats, Measurements, MetricStats, measure
 from tuner.study.noise import NoiseEstimate
 
 
@@ -81,3 +87,29 @@ def test_an_unresolved_row_says_whether_more_windows_could_resolve_it() -> None:
     assert math.isfinite(wide.resolution)
     assert wide.label == "unresolved (more windows cannot resolve it)"
     assert replace(wide, resolution=math.inf).label == "unresolved (noise unknown)"
+
+
+def _class_window(ttft_p99: float, tok_s: float) -> Measurements:
+    chat = MetricStats(n=80, p50=ttft_p99 / 2, p99=ttft_p99)
+    stats = ClassStats(chat, chat, chat, 80, 80, 0, 0.0, tok_s, 8.0)
+    m = measure([], 0.0, 10.0, SloConfig())  # an empty window's totals, then this class's own
+    return replace(m, by_class={"chat": stats}, output_throughput=1000.0)
+
+
+def test_a_class_that_b_makes_worse_exits_1_though_the_totals_agree() -> None:
+    config = compose(["workload=chat_and_documents"])
+    sides = window_order(3)
+    chat_ttft = {"A": [0.30, 0.31, 0.29], "B": [0.61, 0.60, 0.62]}  # B doubles chat's tail
+    windows = [_class_window(chat_ttft[s].pop(), 500.0) for s in sides]
+    classes = class_ratios(config, sides, windows)
+    assert list(classes) == ["chat", "documents"]
+    chat = {r.objective: r for r in classes["chat"]}
+    assert chat["p99_ttft"].decision == WORSE and chat["p99_ttft"].ratio == pytest.approx(2, 0.05)
+    # documents sent nothing in these windows: nothing to compare, never "the same"
+    assert {r.decision for r in classes["documents"]} == {UNRESOLVED}
+    total = ratio_of("output_throughput", "maximize", [1000.0] * 3, [1000.0] * 3, 0.0)
+    result = CompareResult("a", "b", sides, windows, [total], 1.0, classes)
+    assert total.decision != WORSE and result.exit_code == 1
+    assert "chat: p99_ttft" in table(result) and result.to_dict()["classes"]["chat"]
+    one = compose(["workload=open_loop"])
+    assert len(one.workload.classes) == 1 and class_ratios(one, sides, windows) == {}

@@ -12,6 +12,10 @@ noise wider than the change asked about would read as "the same" when it means "
 After ``--windows`` rounds, more rounds are measured while they would resolve an objective
 within ``--max-windows``. Exit 0; 1 when B is worse on some objective; 3 when nothing is
 worse but some objective is unresolved.
+
+A workload of several request classes gets the same rows per class (each class's P99 TTFT,
+TPOT and E2E and its output tok/s, from its own requests of each window), by the same rule: B
+may win on the totals by costing one class its tail, and a class that B makes worse exits 1.
 """
 
 from __future__ import annotations
@@ -19,8 +23,8 @@ from __future__ import annotations
 import json
 import math
 import time
-from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
 from enum import StrEnum
 from pathlib import Path
 from typing import Any
@@ -39,7 +43,7 @@ from tuner.deployment.check.endpoint import (
 )
 from tuner.deployment.junit import Case, junit_xml, write_text
 from tuner.errors import ConfigError
-from tuner.measurement.stats import Measurements
+from tuner.measurement.stats import ClassStats, Measurements
 from tuner.redact import Redactor
 from tuner.scoring.objective import ObjectiveContext
 from tuner.search.checks import devices_needed
@@ -58,6 +62,13 @@ class Verdict(StrEnum):
 
 BETTER, WORSE, SAME = Verdict.BETTER, Verdict.WORSE, Verdict.SAME
 UNRESOLVED = Verdict.UNRESOLVED
+# What a class's row compares: (name, direction, the value of one window's class stats)
+CLASS_METRICS: tuple[tuple[str, str, Callable[[ClassStats], float | None]], ...] = (
+    ("p99_ttft", "minimize", lambda c: c.ttft.p99),
+    ("p99_tpot", "minimize", lambda c: c.tpot.p99),
+    ("p99_e2e", "minimize", lambda c: c.e2e.p99),
+    ("output_throughput", "maximize", lambda c: c.output_throughput),
+)
 
 
 @dataclass(frozen=True)
@@ -164,10 +175,13 @@ class CompareResult:
     windows: list[Measurements]
     ratios: list[Ratio]
     seconds: float
+    # request class -> its rows (CLASS_METRICS); empty for a workload of one class
+    classes: dict[str, list[Ratio]] = field(default_factory=dict)
 
     @property
     def worse(self) -> bool:
-        return any(r.decision == WORSE for r in self.ratios)
+        rows = [*self.ratios, *(r for rows in self.classes.values() for r in rows)]
+        return any(r.decision == WORSE for r in rows)
 
     @property
     def exit_code(self) -> int:
@@ -182,6 +196,9 @@ class CompareResult:
             "order": "".join(self.sides),
             "seconds": round(self.seconds, 1),
             "objectives": [_plain(asdict(r)) for r in self.ratios],
+            "classes": {
+                name: [_plain(asdict(r)) for r in rows] for name, rows in self.classes.items()
+            },
         }
 
 
@@ -234,7 +251,9 @@ def run_compare(config: TunerConfig, options: CompareOptions, say: Say) -> Compa
                 say(f"{open_} unresolved: {more} more windows of each side")
                 planned += more
     seconds = time.monotonic() - started
-    return CompareResult(endpoints["A"].url, endpoints["B"].url, sides, windows, ratios, seconds)
+    urls = (endpoints["A"].url, endpoints["B"].url)
+    classes = class_ratios(config, sides, windows)
+    return CompareResult(*urls, sides, windows, ratios, seconds, classes)
 
 
 def _ratios(
@@ -250,6 +269,32 @@ def _ratios(
         ratio_of(n, d, side(n, "A"), side(n, "B"), config.study.min_gain, config.check.target(n))
         for n, d in scoring.objectives.items()
     ]
+
+
+def class_ratios(
+    config: TunerConfig, sides: Sequence[str], windows: Sequence[Measurements]
+) -> dict[str, list[Ratio]]:
+    """Each request class's rows, where the workload has several (a class absent from a window,
+    or with no such latency, leaves its row unresolved: nothing to compare)."""
+    names = [rc.name for rc in config.workload.classes]
+    if len(names) < 2:
+        return {}
+
+    def side(name: str, value: Callable[[ClassStats], float | None], which: str) -> list[float]:
+        stats = [m.by_class.get(name) for m, s in zip(windows, sides, strict=True) if s == which]
+        found = [value(c) if c is not None else None for c in stats]
+        return [math.nan if v is None else float(v) for v in found]
+
+    min_gain = config.study.min_gain
+    return {
+        name: [
+            ratio_of(
+                metric, d, side(name, v, "A"), side(name, v, "B"), min_gain, config.check.resolve
+            )
+            for metric, d, v in CLASS_METRICS
+        ]
+        for name in names
+    }
 
 
 def more_rounds(ratios: Sequence[Ratio], per_side: int, budget: int) -> int:
@@ -274,14 +319,25 @@ def table(result: CompareResult) -> str:
         f"tuner compare: A {result.url_a}, B {result.url_b}, windows {''.join(result.sides)}",
         f"  {'objective':<26}{'A':>11}{'B':>11}{'B/A':>8}  {'95% CI':<15}{'resolves':>9}  decision",
     ]
-    for r in result.ratios:
-        ci = f"{r.low:.3f}-{r.high:.3f}" if math.isfinite(r.low) else ""
-        res = f"±{r.resolution:.0%}" if math.isfinite(r.resolution) else ""
-        lines.append(
-            f"  {r.objective:<26}{r.mean_a:>11.4g}{r.mean_b:>11.4g}{r.ratio:>8.3f}  {ci:<15}"
-            f"{res:>9}  {r.label}"
-        )
+    lines += [_table_row(r.objective, r) for r in result.ratios]
+    for name, rows in result.classes.items():
+        lines += [_table_row(f"{name}: {r.objective}", r) for r in rows]
     return "\n".join(lines)
+
+
+def _table_row(label: str, r: Ratio) -> str:
+    ci = f"{r.low:.3f}-{r.high:.3f}" if math.isfinite(r.low) else ""
+    res = f"±{r.resolution:.0%}" if math.isfinite(r.resolution) else ""
+    return (
+        f"  {label:<26}{r.mean_a:>11.4g}{r.mean_b:>11.4g}{r.ratio:>8.3f}  {ci:<15}"
+        f"{res:>9}  {r.label}"
+    )
+
+
+def _case(name: str, r: Ratio) -> Case:
+    resolves = f"{r.resolution:.0%}" if math.isfinite(r.resolution) else "nothing (noise unknown)"
+    text = f"{r.label}: B/A {r.ratio:.3f}, resolves {resolves}"
+    return Case(name, text, r.decision == WORSE, r.decision == UNRESOLVED)
 
 
 def compare_command(config: TunerConfig, options: CompareOptions, say: Say) -> int:
@@ -289,16 +345,8 @@ def compare_command(config: TunerConfig, options: CompareOptions, say: Say) -> i
     keys = [api_key_from(options.api_key_env), api_key_from(options.api_key_env_b)]
     redactor = Redactor([*Redactor.for_environment().secrets, *[k for k in keys if k]])
     result = run_compare(config, options, say)
-    cases = [
-        Case(
-            r.objective,
-            f"{r.label}: B/A {r.ratio:.3f}, resolves "
-            + (f"{r.resolution:.0%}" if math.isfinite(r.resolution) else "nothing (noise unknown)"),
-            r.decision == WORSE,
-            r.decision == UNRESOLVED,
-        )
-        for r in result.ratios
-    ]
+    cases = [_case(r.objective, r) for r in result.ratios]
+    cases += [_case(f"{n}: {r.objective}", r) for n, rows in result.classes.items() for r in rows]
     data = json.dumps(result.to_dict(), indent=2)
     json_path = write_text(options.out / "compare.json", redactor.text(data) + "\n")
     junit = junit_xml("tuner compare", cases, result.seconds, redactor.text)
