@@ -5,17 +5,20 @@ refused in one line, and the summary naming the SLO that binds."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from tests.unit.test_measure_classes import T0, T1, _records
+from tests.unit.test_study import Scripted
 from tuner.cli import main
 from tuner.composition import compose
 from tuner.config import SloConfig
 from tuner.errors import ConfigError
-from tuner.measurement.stats import measure
+from tuner.measurement.stats import ClassStats, MetricStats, measure
 from tuner.scoring import objective as obj
 from tuner.study.fingerprint import fingerprint
+from tuner.study.session import outcome_lines
 
 
 def _ctx(slo: SloConfig) -> obj.ObjectiveContext:
@@ -79,3 +82,52 @@ def test_a_study_without_class_slos_keeps_its_baselines_fingerprint() -> None:
     assert fingerprint(with_class, "0.32.0", {"device": "cpu"})["slo"]["classes"] == {
         "short": {"p99_ttft_s": 0.5}
     }
+
+
+class ClassScripted(Scripted):
+    """Scripted, with a chat class whose own P99 TTFT each window scripts: (tok/s, P99 E2E s,
+    chat's P99 TTFT s). The total P99 E2E meets its SLO of 2.6 s in every window."""
+
+    def __init__(self, folder: Path, script: dict[Any, list[Any]]) -> None:
+        self.chat_ttft: dict[Any, list[float]] = {k: [v[2] for v in vs] for k, vs in script.items()}
+        plain = {k: [(v[0], v[1]) for v in vs] for k, vs in script.items()}
+        super().__init__(folder, plain, max_repeats=4)
+
+    def run(self) -> Any:
+        self.config.slo.classes = {"chat": {"p99_ttft_s": 0.5}}
+        return super().run()
+
+    def trial(
+        self, config: Any, launch: Any, paths: Any, trial_id: str, progress: Any = None
+    ) -> Any:
+        outcome = super().trial(config, launch, paths, trial_id, progress)
+        ttft = self.chat_ttft[launch.args.get("max_num_seqs")].pop(0)
+        chat = MetricStats(n=100, p50=ttft / 2, p99=ttft)
+        outcome.measurements.by_class = {
+            "chat": ClassStats(chat, MetricStats(), MetricStats(), 100, 100, 0, 0.0, 50.0, 10.0)
+        }
+        return outcome
+
+
+def test_a_study_decides_by_the_binding_class_and_the_summary_names_it(tmp_path: Path) -> None:
+    """64 sequences give the most tokens/s and meet the SLO over every request, but cost the
+    chat class its TTFT SLO (0.9 s against 0.5 s): the study takes 16, which keeps chat within
+    it, and the summary names chat's TTFT as the SLO that binds."""
+    n = 8  # windows enough for every launch a study of two points may make
+    run = ClassScripted(
+        tmp_path,
+        {
+            None: [(1000, 2.0, 0.30)] * n,
+            16: [(1400, 2.0, 0.40)] * n,
+            64: [(1900, 2.0, 0.90)] * n,
+        },
+    )
+    assert run.result.final.params == {"max_num_seqs": 16}
+    assert run.result.final.constraints["slo_chat_p99_ttft"] < 0
+    names = run.config.objectives.names
+    lines = outcome_lines("t", names, names.index(run.config.objectives.select_by), run.result)
+    binding = [line for line in lines if "binding SLO" in line]
+    assert binding == [
+        "  binding SLO: slo_chat_p99_ttft (the chat class's P99 TTFT: 20.0% under its limit, "
+        "the least room of any)"
+    ], lines

@@ -22,6 +22,7 @@ from tuner.host.placement import for_trial
 from tuner.plan.planner import Planner
 from tuner.quality import quality_fingerprint
 from tuner.scoring.confidence import SloClaim, SloStatus, shown
+from tuner.scoring.objective import class_of_slo
 from tuner.search import checks as space_checks
 from tuner.search import space as search_space
 from tuner.server import LaunchSpec, make_backend
@@ -223,7 +224,9 @@ def _misses(result: StudyResult) -> list[str]:
         binding = min(slos, key=lambda c: c.margin)
         where = "under" if binding.margin >= 0 else "over"
         room = f"{abs(binding.margin):.1%} {where} its limit"
-        lines.append(f"  binding SLO: {binding.name} ({room}, the least room of any)")
+        lines.append(
+            f"  binding SLO: {binding.name} ({_whose(binding.name)}{room}, the least room of any)"
+        )
     for d in result.undecided_beside():
         why = "; ".join(c.text() for c in d.candidate_slos if c.status == SloStatus.UNDECIDED)
         lines.append(
@@ -231,6 +234,12 @@ def _misses(result: StudyResult) -> list[str]:
             f"{d.gain:+.4g} {d.objective}, but its repeats left an SLO undecided ({why})"
         )
     return lines
+
+
+def _whose(name: str) -> str:
+    """Which request class an SLO binds, in words ("" for one over every request)."""
+    found = class_of_slo(name)
+    return f"the {found[0]} class's P99 {found[1].upper()}: " if found else ""
 
 
 def _claim_line(c: SloClaim) -> str:
