@@ -36,6 +36,7 @@ LAUNCHES: list[dict[str, Any]] = [
         "optimization_level": 0,
         "api_server_count": 2,
         "compilation_config": '{"cudagraph_mode": "NONE"}',
+        "max_cudagraph_capture_size": 64,
         "speculative_config": NGRAM,
     },
     {
@@ -43,6 +44,7 @@ LAUNCHES: list[dict[str, Any]] = [
         "optimization_level": 3,
         "async_scheduling": True,
         "compilation_config": '{"cudagraph_mode": "FULL_AND_PIECEWISE"}',
+        "max_cudagraph_capture_size": 256,
     },
     {
         "optimization_level": 1,

@@ -42,6 +42,7 @@ NOT_MODELLED = (
     "optimization_level",
     "async_scheduling",
     "compilation_config",
+    "max_cudagraph_capture_size",
     "api_server_count",
     "speculative_config",
     "attention_backend",
