@@ -243,7 +243,31 @@ def test_every_runtime_and_speculative_value_passes_vllms_parser_and_config(
     for param, spec in specs.items():
         for value in search_space.choices_of(spec) or []:
             launch = search_space.to_launch({param: value}, specs)
+            if param == "attention_backend":  # GPU kernels: refused on the CPU, next test
+                continue
             assert validator.check(launch) is None, (param, value)
+
+
+def test_a_gpu_attention_backend_is_refused_on_the_cpu_in_one_line(
+    validator: ConfigValidator,
+) -> None:
+    """vLLM's CPU platform would serve its own backend under FlashAttention's name: refused
+    before a launch, in one line naming the platform and the flag; its own backend passes."""
+    import time
+
+    from tuner.search import space as search_space
+
+    assert validator.check(_launch(attention_backend="CPU_ATTN")) is None
+    config = compose(["search_space=[runtime_gpu]", "study.stages=[runtime]"])
+    backends = search_space.choices_of(config.search_space["runtime"]["attention_backend"])
+    assert backends
+    for backend in backends or []:
+        started = time.monotonic()
+        refused = validator.check(_launch(attention_backend=backend))
+        assert time.monotonic() - started < 1.0
+        assert refused is not None and "\n" not in refused.line()
+        assert f"--attention-backend {backend}" in refused.line()
+        assert "CPU platform" in refused.line()
 
 
 def test_a_combination_vllm_refuses_is_one_line_with_its_reason(validator: ConfigValidator) -> None:

@@ -91,6 +91,40 @@ def resolved(config: Any, names: list[str]) -> dict[str, Any]:
     return out
 
 
+def platform_refusal(config: Any) -> dict[str, Any] | None:
+    """An attention backend that vLLM's CPU platform would not run: it logs "Cannot use ...
+    backend on CPU" at start-up and serves its own in its place, so a trial of it would
+    measure another backend under its name. Asked of the platform's own selector
+    (``get_attn_backend_cls``), as the model runner asks it; None where it would run it, and
+    on every other platform (a GPU's selector refuses a backend it cannot run on its own)."""
+    backend = getattr(getattr(config, "attention_config", None), "backend", None)
+    if backend is None:
+        return None
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cpu():
+        return None
+    from vllm.v1.attention.selector import AttentionSelectorConfig
+
+    model, cache = config.model_config, config.cache_config
+    selector = AttentionSelectorConfig(
+        head_size=model.get_head_size(),
+        dtype=model.dtype,
+        kv_cache_dtype=cache.cache_dtype,
+        block_size=cache.block_size,
+        use_mla=bool(getattr(model, "use_mla", False)),
+    )
+    chosen = current_platform.get_attn_backend_cls(backend, selector)
+    if chosen == backend.get_path():
+        return None
+    served = chosen.rsplit(".", 1)[-1]
+    message = (
+        f"{backend.name} cannot run on vLLM's CPU platform, which would serve {served} in its "
+        "place (a trial would measure that under this name); search it on a GPU"
+    )
+    return {"config": "CpuPlatform", "errors": [{"field": "attention_backend", "message": message}]}
+
+
 class Checker:
     """vLLM's parser and engine-args classes, imported once."""
 
@@ -116,6 +150,9 @@ class Checker:
                 return {"config": "argparse", "errors": [{"field": "", "message": message}]}, {}
             engine = self.engine_args.from_cli_args(args)
             config = engine.create_engine_config(usage_context=self.usage)
+            refused = platform_refusal(config)
+            if refused is not None:
+                return refused, {}
         except BaseException as exc:  # vLLM raises pydantic, Value, Type and Assertion errors
             if isinstance(exc, KeyboardInterrupt):
                 raise
