@@ -15,10 +15,11 @@ import optuna
 import pytest
 
 from tuner.config import ParamSpec, SamplerConfig, TunerConfig
+from tuner.errors import StudyFailedError
 from tuner.executor import REASON_EXECUTOR_LOST, Demand, JobResult, TrialDevices, TrialJob
 from tuner.measurement.stats import Measurements, MetricStats
 from tuner.paths import TrialPaths
-from tuner.schema import Role, TrialAttr, TrialStatus
+from tuner.schema import Role, TrialAttr, TrialStatus, confirm_study
 from tuner.search.launch import LaunchSpec
 from tuner.study.evaluation import Evaluator
 from tuner.study.runner import StudyRunner
@@ -128,11 +129,15 @@ def _config(tmp_path: Path, tps: list[int], trials: int) -> TunerConfig:
     return config
 
 
-def _run(config: TunerConfig, executor: VirtualExecutor) -> tuple[StudyRunner, list[str]]:
-    said: list[str] = []
-    runner = StudyRunner(
+def _runner(config: TunerConfig, executor: VirtualExecutor, said: list[str]) -> StudyRunner:
+    return StudyRunner(
         config, Evaluator(config), {"v": 1}, said.append, trial_fn=table_trial, executor=executor
     )
+
+
+def _run(config: TunerConfig, executor: VirtualExecutor) -> tuple[StudyRunner, list[str]]:
+    said: list[str] = []
+    runner = _runner(config, executor, said)
     runner.run()
     return runner, said
 
@@ -187,6 +192,39 @@ def test_a_lost_trial_is_failed_and_measured_again(tmp_path: Path) -> None:
     ]
     assert len(done) == 6  # the budget is met
     assert any("FAILED (executor_lost): the node died; measured again" in line for line in said)
+
+
+def _confirm_trials(config: TunerConfig) -> list[optuna.trial.FrozenTrial]:
+    url = f"sqlite:///{config.studies_dir}/{config.name}/optuna.db"
+    return optuna.load_study(study_name=confirm_study(config.name), storage=url).trials
+
+
+def test_a_lost_confirmation_trial_is_failed_and_measured_again(tmp_path: Path) -> None:
+    """Confirmations go through the same rule as the stage's trials: the 9th job (the first
+    after 2 baselines and 6 stage trials) is a confirmation, lost, recorded failed and
+    measured again, and the stage still decides."""
+    config = _config(tmp_path, [1, 2], trials=6)
+    config.study.repeats = 1
+    executor = VirtualExecutor(slots=3, lose={9})
+    said: list[str] = []
+    result = _runner(config, executor, said).run()
+    assert executor.started[8][1].trial_id.startswith("p-confirm")
+    confirm = _confirm_trials(config)
+    lost = [t for t in confirm if t.state == optuna.trial.TrialState.FAIL]
+    assert len(lost) == 1 and lost[0].user_attrs[TrialAttr.FAILURE_REASON] == REASON_EXECUTOR_LOST
+    assert sum(t.state == optuna.trial.TrialState.COMPLETE for t in confirm) >= 2  # both sides
+    assert any("FAILED (executor_lost): the node died; measured again" in line for line in said)
+    assert len(result.decisions) == 1
+
+
+def test_a_confirmation_lost_again_and_again_stops_the_study(tmp_path: Path) -> None:
+    config = _config(tmp_path, [1, 2], trials=6)
+    config.study.repeats = 1
+    executor = VirtualExecutor(slots=1, lose=set(range(9, 40)))  # every job after the stage's
+    with pytest.raises(StudyFailedError, match=r"lost the trial .* 3 times"):
+        _run(config, executor)
+    running = [t for t in _confirm_trials(config) if t.state == optuna.trial.TrialState.RUNNING]
+    assert running == []
 
 
 def test_an_interrupt_leaves_no_trial_running(tmp_path: Path) -> None:

@@ -14,7 +14,7 @@ lost is recorded as failed (``executor_lost``) and measured again.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,6 +33,7 @@ from tuner.study.evaluation import Evaluated
 from tuner.study.storage import Heartbeat, trial_id
 
 MAX_LOST_PER_WANT = 3  # a measurement lost this often is not the executor's bad luck
+HINT_LOST = "check the Ray cluster's nodes (`ray status`); the study can be resumed"
 
 
 @dataclass
@@ -64,6 +65,40 @@ class Flight:
 
 
 Land = Callable[[Flight, JobResult], Evaluated | None]  # None: the executor lost it
+
+
+@dataclass
+class LostTrials:
+    """The one rule for trials the executor lost, wherever a study measures (a stage's search,
+    its baselines, confirmations and repeats, export's windows): each was recorded failed by
+    ``land`` (:func:`record_lost`) and is measured again, until one measurement has been lost
+    :data:`MAX_LOST_PER_WANT` times or the run has lost more than ``budget`` trials: then the
+    executor, not its luck, is at fault and the study stops (it can be resumed)."""
+
+    what: str  # the run, in words: "stage batching", "baseline"
+    budget: int
+    total: int = 0
+    times: dict[Hashable, int] = field(default_factory=dict)
+
+    def lost(self, want: Want, prefix: str, key: Hashable) -> None:
+        """One more trial of ``want`` (``prefix``: how its lines begin) lost; ``key`` names
+        the measurement: the same want asked again, or a stage's point."""
+        self.times[key] = self.times.get(key, 0) + 1
+        self.total += 1
+        if self.times[key] >= MAX_LOST_PER_WANT:
+            raise StudyFailedError(
+                f"the executor lost the trial {prefix} {self.times[key]} times; last: "
+                f"{want.label} with {want.params}",
+                hint=HINT_LOST,
+            )
+        if self.total > self.budget:
+            raise StudyFailedError(
+                f"{self.what}: the executor lost {self.total} trials, more than the "
+                f"{self.budget} it measures",
+                hint=HINT_LOST,
+            )
+
+
 Tell = Callable[[optuna.Study, optuna.Trial, Evaluated], None]
 
 
@@ -155,7 +190,8 @@ class Flights:
         one is asked again. ``stop``: no new trial starts once a landed one meets it."""
         results: dict[int, Evaluated] = {}
         queue = list(enumerate(wants))
-        lost = dict.fromkeys(range(len(wants)), 0)
+        labels = ", ".join(dict.fromkeys(w.label for w in wants))
+        lost = LostTrials(labels, len(wants) * MAX_LOST_PER_WANT)
         waiting: dict[str, int] = {}
         stopped = False
         try:
@@ -167,8 +203,7 @@ class Flights:
                 index = waiting.pop(flight.job.key)
                 evaluated = land(flight, result)
                 if evaluated is None:
-                    lost[index] += 1
-                    _check_lost(lost[index], flight)
+                    lost.lost(flight.want, flight.prefix, index)
                     queue.insert(0, (index, flight.want))
                     continue
                 tell(flight.want.study, flight.trial, evaluated)
@@ -213,12 +248,3 @@ def record_lost(
 
 def _plain(value: Any) -> Any:
     return value if isinstance(value, str | int | float | bool) or value is None else str(value)
-
-
-def _check_lost(times: int, flight: Flight) -> None:
-    if times >= MAX_LOST_PER_WANT:
-        raise StudyFailedError(
-            f"the executor lost the trial {flight.prefix} {times} times; last: "
-            f"{flight.want.label} with {flight.want.params}",
-            hint="check the Ray cluster's nodes (`ray status`); the study can be resumed",
-        )

@@ -26,13 +26,12 @@ import optuna
 from optuna.trial import TrialState
 
 from tuner.config import ServerConfig
-from tuner.errors import StudyFailedError
 from tuner.executor import REASON_EXECUTOR_LOST, JobResult, demand_of
 from tuner.schema import Role, TrialAttr, TrialStatus
 from tuner.search import space as search_space
 from tuner.study.canonical import Canonical
 from tuner.study.evaluation import Evaluator
-from tuner.study.flights import Flight, Flights, Land, Tell, Want, record_lost
+from tuner.study.flights import Flight, Flights, Land, LostTrials, Tell, Want, record_lost
 from tuner.study.prescreen import Prescreen
 from tuner.study.stages import Incumbent, Stage, point_key, stage_winner
 from tuner.study.stored_stage import StoredStage, measured_config
@@ -88,7 +87,7 @@ class StageSearch:
         self.ready: list[_Proposal] = []  # asked, waiting for room on the executor
         self.parked: list[_Proposal] = []  # a point in flight: waits for its measurement
         self.passed = 0  # trials started ahead of the oldest waiting proposal
-        self.lost = 0
+        self.lost = LostTrials(f"stage {self.stage.name}", self.stage.trials)
         self.asking = True
 
     def run(self) -> None:
@@ -225,9 +224,8 @@ class StageSearch:
     # -- landing ---------------------------------------------------------------------------
     def _landed(self, flight: Flight, result: JobResult) -> None:
         evaluated = self.tools.land(flight, result)
-        if evaluated is None:  # lost (recorded failed by land)
-            self.lost += 1
-            self._check_lost()
+        if evaluated is None:  # lost (recorded failed by land): asked again by the sampler
+            self.lost.lost(flight.want, flight.prefix, point_key(flight.trial.params))
         else:
             self.tools.tell(self.study, flight.trial, evaluated)
             self._say_best()
@@ -270,16 +268,7 @@ class StageSearch:
         )
         result = JobResult("", outcome, lost="no node can hold it")
         record_lost(trial, want, f"[{name} #{trial.number}]", result, self.tools.say)
-        self.lost += 1
-        self._check_lost()
-
-    def _check_lost(self) -> None:
-        if self.lost > self.stage.trials:
-            raise StudyFailedError(
-                f"stage {self.stage.name}: the executor lost {self.lost} trials, more than "
-                "the stage has",
-                hint="check the Ray cluster's nodes (`ray status`); the study can be resumed",
-            )
+        self.lost.lost(want, f"[{name} #{trial.number}]", point_key(proposal.point))
 
     def _drop(self, exc: BaseException) -> None:
         """Stop what runs; asked proposals that never started are failed, not left RUNNING."""
