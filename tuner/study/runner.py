@@ -102,7 +102,7 @@ class StudyRunner:
         # Session.preflight, so a runner built without it (tests, replays) launches directly.
         self.prescreen: Prescreen | None = None
         self.confirmation = Confirmation(
-            config, evaluator, self._open, self.measure_many, progress, self._add_launches
+            config, evaluator, self.optuna_study, self.measure_many, progress, self.add_launches
         )
 
     def reorder(self, groups: list[str]) -> None:
@@ -116,7 +116,7 @@ class StudyRunner:
         )
         self.quality = QualityReference(self.config, self.stages, self.paths, self.say)
 
-    def _add_launches(self, count: int) -> None:
+    def add_launches(self, count: int) -> None:
         self.launches.add(count)  # read at call time: measure_more replaces the budget
 
     @property
@@ -183,7 +183,7 @@ class StudyRunner:
         self._open_run()
         self.launches = LaunchBudget(count)
         try:
-            confirm = self._open(confirm_study(self.config.name))
+            confirm = self.optuna_study(confirm_study(self.config.name))
             tags = [str(t.user_attrs.get(TrialAttr.CONFIRM_TAG, "")) for t in confirm.trials]
             first = sum(tag.startswith(f"{EXPORT}/") for tag in tags)
             wants = [
@@ -211,7 +211,9 @@ class StudyRunner:
         """Proposals are asked while other trials of their stage still run."""
         return self.executor is not None and self.executor.slots > 1
 
-    def _open(self, name: str, stage: Stage | None = None) -> optuna.Study:
+    def optuna_study(self, name: str, stage: Stage | None = None) -> optuna.Study:
+        """The Optuna study ``name`` of this run's storage, opened or made (a stage's with its
+        sampler): confirmations open theirs through it."""
         sampler = None
         if stage is not None:
             sampler = make_sampler(
@@ -224,7 +226,7 @@ class StudyRunner:
         """The control, measured ``study.baseline_measurements`` times per fingerprint and way
         of scoring it (a stored value means what its objectives and prices made it)."""
         key = digest({**self.fingerprint, "scoring": self.evaluator.scoring()})
-        study = self._open(baseline_study(key))
+        study = self.optuna_study(baseline_study(key))
         study.set_user_attr(StudyAttr.FINGERPRINT, jsonable(self.fingerprint))
         want = self.config.study.baseline_measurements
         done = [] if self.rebaseline else ok_trials(study)[-want:]
@@ -307,7 +309,9 @@ class StudyRunner:
         start = lead or incumbent
         rest = self._stage_trials(self.stages.index(stage))
         self.launches.replan(planned_launches(self.config.study, rest, 0))
-        stored = StoredStage(self._open(stage_study(self.config.name, stage.name), stage), stage)
+        stored = StoredStage(
+            self.optuna_study(stage_study(self.config.name, stage.name), stage), stage
+        )
         stored.link_baseline(*self.baseline_ref)
         decision = stored.decision()
         if decision is not None:
