@@ -142,6 +142,9 @@ class Decision:
     noise: float = float("nan")
     noise_df: int | None = None  # the pooled estimate's degrees of freedom (None: pair rule)
     threshold: float = float("nan")
+    # decided by the SLOs (one side meets them with confidence, or neither does), so the gain
+    # and its threshold did not decide: the line says so instead of a threshold it ignored
+    on_slos: bool = False
     candidate_trial: int | None = None
     candidate_params: dict[str, Any] = field(default_factory=dict)
     # every objective of the winner's search trial, and its constraints: the new incumbent's
@@ -197,6 +200,8 @@ class Decision:
         if not base or not math.isfinite(self.threshold):
             return f"gain {self.gain:+.4g}, needed > {self.threshold:.4g}"
         change = (self.candidate_mean - self.incumbent_mean) / base
+        if self.on_slos:
+            return f"{change:+.0%}; decided on the SLOs, not the gain"
         return f"{change:+.0%}; a gain must exceed {self.threshold / base:.0%} to count"
 
     def _others(self) -> str:
@@ -239,6 +244,7 @@ def decide(c: Comparison) -> Decision:
         head,
         accepted=accepted,
         reason=reason,
+        on_slos=not (c.candidate_feasible and c.incumbent_feasible),
         incumbent_mean=inc_mean,
         candidate_mean=cand_mean,
         gain=gain,
