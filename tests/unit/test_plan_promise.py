@@ -74,8 +74,13 @@ def test_the_summary_names_the_launch_that_contradicted_the_estimate(planner: Pl
         "    the study measured that point (parallelism trial 5): slo_p99_ttft over by 12%: "
         "that measurement contradicts the estimate"
     )
-    # a study that handed over something else says nothing of the plan
+    # a study that handed over the promised point says nothing of the plan
     new = Incumbent(point, [700.0], {}, "parallelism trial 5", [700.0])
     assert contradiction_lines(promise, [there], StudyResult(base, new), NAMES) == []
+    # one that handed over another point names the measurement of the promised one
+    other = Incumbent({"tensor_parallel_size": 8}, [380.0], {}, "quantization trial 1", [380.0])
+    shown = contradiction_lines(promise, [far, there], StudyResult(base, other), NAMES)
+    assert shown[0].endswith("the study handed over {'tensor_parallel_size': 8} instead:")
+    assert shown[1] == lines[1]
     # no launch near it: said so
     assert "no launch" in contradiction_lines(promise, [], StudyResult(base, base), NAMES)[-1]

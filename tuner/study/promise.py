@@ -84,10 +84,16 @@ def nearest_launch(params: dict[str, Any], trials: Sequence[FrozenTrial]) -> Fro
 def contradiction_lines(
     promise: Promise, trials: Sequence[FrozenTrial], result: StudyResult, names: Sequence[str]
 ) -> list[str]:
-    """What the summary says when a study keeps its baseline against the plan's promise."""
-    if result.final.source != result.baseline.source:
+    """What the summary says when a study keeps its baseline against the plan's promise, or
+    hands over another point than the one promised (a rehearsal at TP 8 where the plan said
+    TP 2): the measurement that contradicted the estimate."""
+    final = result.final
+    if final.source == result.baseline.source:
+        lines = [f"  {promise.text()}; the study kept the baseline:"]
+    elif any(final.params.get(k) != v for k, v in promise.best.params.items()):
+        lines = [f"  {promise.text()}; the study handed over {final.params} instead:"]
+    else:
         return []
-    lines = [f"  {promise.text()}; the study kept the baseline:"]
     trial = nearest_launch(promise.best.params, trials)
     if trial is None:
         return [*lines, "    no launch of the study came near that point"]
