@@ -177,7 +177,7 @@ def planned_on(config: TunerConfig, name: str, land: GpuLandscape) -> bool:
 
 def plan_arm(land: GpuLandscape, config: TunerConfig, default: Arm) -> tuple[Arm, str]:
     """The default staged arm in the order the plan chooses under this SLO
-    (tuner.study.order, as a study with estimates runs it), and the order's line."""
+    (tuner.study.loop.order, as a study with estimates runs it), and the order's line."""
     s, groups = default
     cfg = copy.deepcopy(config)
     cfg.search_space = categorical_space(land, groups)

@@ -81,14 +81,14 @@ _OWNERS: dict[str, str] = {
     "histogram_means": "tuner.telemetry.metrics",
     "over_server": "tuner.telemetry.metrics",
     # studies
-    "StudyRunner": "tuner.study.runner",
-    "TrialFn": "tuner.study.runner",
-    "Evaluator": "tuner.study.evaluation",
-    "Comparison": "tuner.study.acceptance",
-    "Decision": "tuner.study.acceptance",
-    "decide": "tuner.study.acceptance",
-    "NoiseEstimate": "tuner.study.noise",
-    "NoiseSplit": "tuner.study.noise",
+    "StudyRunner": "tuner.study.loop.runner",
+    "TrialFn": "tuner.study.loop.runner",
+    "Evaluator": "tuner.study.decision.evaluation",
+    "Comparison": "tuner.study.decision.acceptance",
+    "Decision": "tuner.study.decision.acceptance",
+    "decide": "tuner.study.decision.acceptance",
+    "NoiseEstimate": "tuner.study.decision.noise",
+    "NoiseSplit": "tuner.study.decision.noise",
     "Role": "tuner.schema",
     "StudyAttr": "tuner.schema",
     "TrialAttr": "tuner.schema",
@@ -100,9 +100,9 @@ _OWNERS: dict[str, str] = {
     "Agreement": "tuner.plan.fidelity",
     "estimate_vs_measured": "tuner.plan.fidelity",
     "Planner": "tuner.plan.planner",
-    "Prescreen": "tuner.study.prescreen",
-    "choose_order": "tuner.study.order",
-    "OrderChoice": "tuner.study.order",
+    "Prescreen": "tuner.study.loop.prescreen",
+    "choose_order": "tuner.study.loop.order",
+    "OrderChoice": "tuner.study.loop.order",
     # the closed-loop queue the plan and the replays' landscapes share
     "Load": "tuner.plan.queueing",
     "Served": "tuner.plan.queueing",
@@ -251,12 +251,12 @@ if TYPE_CHECKING:  # the same names, eagerly, for type checkers and IDEs
     )
     from tuner.search.launch import LaunchSpec
     from tuner.server import make_backend
-    from tuner.study.acceptance import Comparison, Decision, decide
-    from tuner.study.evaluation import Evaluator
-    from tuner.study.noise import NoiseEstimate, NoiseSplit
-    from tuner.study.order import OrderChoice, choose_order
-    from tuner.study.prescreen import Prescreen
-    from tuner.study.runner import StudyRunner, TrialFn
+    from tuner.study.decision.acceptance import Comparison, Decision, decide
+    from tuner.study.decision.evaluation import Evaluator
+    from tuner.study.decision.noise import NoiseEstimate, NoiseSplit
+    from tuner.study.loop.order import OrderChoice, choose_order
+    from tuner.study.loop.prescreen import Prescreen
+    from tuner.study.loop.runner import StudyRunner, TrialFn
     from tuner.telemetry.metrics import counter_deltas, histogram_means, over_server, scrape
     from tuner.trial.outcome import TrialOutcome
     from tuner.trial.run import run_trial

@@ -37,7 +37,7 @@ def _quiet_libraries() -> None:
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
-    # We drive the heartbeat ourselves around ask/tell (tuner.study.storage.Heartbeat).
+    # We drive the heartbeat ourselves around ask/tell (tuner.study.state.storage.Heartbeat).
     warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used")
 
 
@@ -113,7 +113,7 @@ def _print_outcome(outcome: object) -> None:
 
 def cmd_run(args: argparse.Namespace) -> int:
     """Run (or resume) a study: baseline, stages, acceptance; print the summary."""
-    from tuner.study.session import open_session
+    from tuner.study.loop.session import open_session
 
     config = compose(args.overrides, args.config_dir)
     _quiet_libraries()

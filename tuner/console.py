@@ -15,7 +15,7 @@ from typing import TextIO
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn
 
-from tuner.study.budget import LaunchBudget, duration
+from tuner.study.loop.budget import LaunchBudget, duration
 
 
 def stamp(message: str) -> str:

@@ -35,7 +35,7 @@ from tuner.deployment.check.evidence_file import read_reference
 from tuner.host.placement import allowed_cpus
 from tuner.server import LaunchSpec, make_backend
 from tuner.server.from_command import parse_command
-from tuner.study.noise import NoiseEstimate
+from tuner.study.decision.noise import NoiseEstimate
 
 pytestmark = pytest.mark.e2e
 KEY, KEY_ENV = "sk-e2e-check-p99-7788", "TUNER_E2E_CHECK_P99_KEY"

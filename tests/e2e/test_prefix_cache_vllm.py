@@ -16,7 +16,7 @@ import pytest
 from tests.conftest import ONE_ENGINE_PROCESS, ROOT
 from tests.e2e.conftest import load_studies
 from tuner.schema import StudyAttr, TrialAttr
-from tuner.study.acceptance import Decision
+from tuner.study.decision.acceptance import Decision
 
 pytestmark = pytest.mark.e2e
 

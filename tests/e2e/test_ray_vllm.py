@@ -16,7 +16,7 @@ import pytest
 from tests.conftest import leftover_processes, overrides
 from tests.e2e.conftest import SMALL, start_tuner
 from tuner.schema import Role, StudyAttr, TrialAttr
-from tuner.study.acceptance import Decision
+from tuner.study.decision.acceptance import Decision
 
 pytestmark = pytest.mark.e2e
 

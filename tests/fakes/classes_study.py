@@ -30,7 +30,7 @@ from tests.fakes.stored_study import (
     new_study,
 )
 from tuner.schema import StudyAttr, TrialAttr, class_metric_attr
-from tuner.study.acceptance import Decision
+from tuner.study.decision.acceptance import Decision
 
 NAME = "mixed"
 CHAT, DOCUMENTS = "chat", "documents"

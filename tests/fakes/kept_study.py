@@ -25,7 +25,7 @@ from tests.fakes.stored_study import (
     new_study,
 )
 from tuner.schema import StudyAttr, TrialAttr
-from tuner.study.acceptance import Decision
+from tuner.study.decision.acceptance import Decision
 
 BASELINE_WINDOWS = [  # p99 (s), output tok/s, cost per million tokens
     [0.48, 2560.0, 0.0200],

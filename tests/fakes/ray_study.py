@@ -150,8 +150,8 @@ def main(argv: list[str]) -> int:
     import ray
 
     from tuner.cli import _quiet_libraries, compose
-    from tuner.study.evaluation import Evaluator
-    from tuner.study.runner import StudyRunner
+    from tuner.study.decision.evaluation import Evaluator
+    from tuner.study.loop.runner import StudyRunner
 
     config = compose(argv)
     _quiet_libraries()

@@ -20,7 +20,7 @@ import optuna
 import yaml
 from optuna.distributions import CategoricalDistribution, IntDistribution
 
-from tuner.study.acceptance import Decision, ObjectiveChange
+from tuner.study.decision.acceptance import Decision, ObjectiveChange
 
 PLANTED = {"HF_TOKEN": "hf_PLANTEDtoken123", "VLLM_API_KEY": "sk-PLANTED-key-456"}
 OBJECTIVES = ["p99_e2e_latency", "output_throughput", "cost_per_million_tokens"]

@@ -279,7 +279,7 @@ def run_study(args: Sequence[str]) -> InProcessRun:
     preflight, which costs a vLLM import): for faults about the study loop itself."""
     from tuner.cli import _quiet_libraries, compose
     from tuner.errors import TunerError
-    from tuner.study.session import open_session
+    from tuner.study.loop.session import open_session
 
     run = InProcessRun()
     _quiet_libraries()

@@ -51,7 +51,7 @@ def no_vllm_parser(monkeypatch: pytest.MonkeyPatch) -> None:
     """The stand-in server is not vLLM: skip asking vLLM's parser about its flags (a vLLM import,
     ~10-20 s per run; that check has its own tests)."""
     monkeypatch.setattr(
-        "tuner.study.session.check_argvs", lambda _python, argvs: [None] * len(argvs)
+        "tuner.study.loop.session.check_argvs", lambda _python, argvs: [None] * len(argvs)
     )
 
 

@@ -24,7 +24,7 @@ from tests.fakes.check_evidence import evidence
 from tuner.cli import main
 from tuner.deployment.check.endpoint import Endpoint, measure_window
 from tuner.deployment.check.evidence_file import read_reference
-from tuner.study.noise import NoiseEstimate
+from tuner.study.decision.noise import NoiseEstimate
 from tuner.testing.sse_server import FakeConfig, FakeServer
 
 pytestmark = pytest.mark.integration

@@ -33,8 +33,8 @@ from tuner.composition import compose
 from tuner.executor import REASON_EXECUTOR_LOST
 from tuner.executor.cluster import loopback_only
 from tuner.schema import Role, TrialAttr
-from tuner.study.evaluation import Evaluator
-from tuner.study.runner import StudyRunner
+from tuner.study.decision.evaluation import Evaluator
+from tuner.study.loop.runner import StudyRunner
 
 loopback_only()  # before Ray is imported: every raylet on 127.0.0.1
 import ray  # noqa: E402

@@ -40,8 +40,8 @@ from tuner.composition import compose
 from tuner.executor.cluster import loopback_only
 from tuner.schema import Role, TrialAttr
 from tuner.simulation.fake_nvml import uuid_of
-from tuner.study.evaluation import Evaluator
-from tuner.study.runner import StudyRunner
+from tuner.study.decision.evaluation import Evaluator
+from tuner.study.loop.runner import StudyRunner
 
 loopback_only()  # before Ray is imported: the instance listens on loopback only
 import ray  # noqa: E402

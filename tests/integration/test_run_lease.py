@@ -19,14 +19,14 @@ import pytest
 
 from tests.conftest import ROOT
 from tuner.errors import ConfigError
-from tuner.study.lease import Holder, RunLease, take_lease
+from tuner.study.state.lease import Holder, RunLease, take_lease
 
 pytestmark = [pytest.mark.integration, pytest.mark.shares_host]
 PG = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 
 HOLD = """
 import socket, sys, time, uuid, psutil
-from tuner.study.lease import Holder, RunLease
+from tuner.study.state.lease import Holder, RunLease
 url, study, host, ttl = sys.argv[1:5]
 me = psutil.Process()
 name = host or socket.gethostname()

@@ -11,7 +11,7 @@ import pytest
 
 from tuner.errors import ConfigError, StorageError
 from tuner.schema import TrialAttr
-from tuner.study import storage as st
+from tuner.study.state import storage as st
 
 pytestmark = [pytest.mark.integration, pytest.mark.shares_host]
 PG = "postgresql+psycopg://postgres:s3cret-pw@127.0.0.1:5432/test"

@@ -20,10 +20,10 @@ from tuner.plan.validate import ConfigValidator
 from tuner.schema import Role
 from tuner.search.launch import LaunchSpec
 from tuner.server import vllm_engine_config
-from tuner.study.evaluation import Evaluator
-from tuner.study.prescreen import Prescreen
-from tuner.study.runner import StudyRunner
-from tuner.study.stored_stage import StoredStage
+from tuner.study.decision.evaluation import Evaluator
+from tuner.study.loop.prescreen import Prescreen
+from tuner.study.loop.runner import StudyRunner
+from tuner.study.state.stored_stage import StoredStage
 from tuner.trial.outcome import REASON_INVALID_CONFIG, TrialOutcome
 
 pytestmark = [pytest.mark.integration, pytest.mark.shares_host]
@@ -235,7 +235,7 @@ def test_every_runtime_and_speculative_value_passes_vllms_parser_and_config(
     import sys
 
     from tuner.search import space as search_space
-    from tuner.study.session import _check_flags
+    from tuner.study.loop.session import _check_flags
 
     config = compose([f"search_space=[{preset}]", f"study.stages=[{group}]"])
     _check_flags(sys.executable, [], config)  # the parser: one worker for every value

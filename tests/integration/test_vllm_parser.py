@@ -135,7 +135,7 @@ def test_every_scheduling_choice_parses_and_a_refused_one_stops_the_study(
 ) -> None:
     from tuner.cli import main
     from tuner.composition import compose
-    from tuner.study.session import _check_flags
+    from tuner.study.loop.session import _check_flags
 
     # every value of the scheduling group (and the CPU groups beside it) as vLLM reads them
     config = compose(["study=chat_and_documents", "search_space=[scheduling,batching,runtime]"])

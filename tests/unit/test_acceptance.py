@@ -10,7 +10,7 @@ import pytest
 
 from tuner.scoring.feasibility import mean_constraints, meets
 from tuner.scoring.objective import NO_DATA_VIOLATION
-from tuner.study.acceptance import (
+from tuner.study.decision.acceptance import (
     Comparison,
     Decision,
     decide,
@@ -18,8 +18,8 @@ from tuner.study.acceptance import (
     resolution_line,
     resolvable_gain,
 )
-from tuner.study.noise import NoiseEstimate, NoiseSplit
-from tuner.study.stages import Incumbent, stage_winner
+from tuner.study.decision.noise import NoiseEstimate, NoiseSplit
+from tuner.study.decision.stages import Incumbent, stage_winner
 
 
 def test_clear_gain_is_accepted() -> None:

@@ -14,8 +14,8 @@ from tuner.composition import compose
 from tuner.errors import ConfigError
 from tuner.plan.baseline import baseline_fit
 from tuner.plan.planner import Planner
-from tuner.study.evaluation import Evaluator
-from tuner.study.prescreen import Prescreen
+from tuner.study.decision.evaluation import Evaluator
+from tuner.study.loop.prescreen import Prescreen
 
 logging.getLogger("aiconfigurator_core").setLevel(logging.ERROR)
 # The simulated GPU host: a server tuner launches with vLLM's flags, without vLLM's import

@@ -18,9 +18,9 @@ import pytest
 
 from tuner.config import StudyConfig
 from tuner.console import RunDisplay
-from tuner.study.budget import LaunchBudget, duration, planned_launches
-from tuner.study.evaluation import Evaluator
-from tuner.study.runner import StudyRunner
+from tuner.study.decision.evaluation import Evaluator
+from tuner.study.loop.budget import LaunchBudget, duration, planned_launches
+from tuner.study.loop.runner import StudyRunner
 from tuner.testing.grid_table import DEFAULTS, GROUPS, PARAMS, write_table
 from tuner.testing.landscape import Landscape
 from tuner.testing.lookup import (

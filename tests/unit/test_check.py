@@ -35,7 +35,7 @@ from tuner.errors import ConfigError
 from tuner.measurement.stats import Measurements, MetricStats
 from tuner.redact import Redactor
 from tuner.scoring.confidence import claims
-from tuner.study.noise import NoiseEstimate
+from tuner.study.decision.noise import NoiseEstimate
 
 NOISE = NoiseEstimate(0.05, 6)  # 5 % between repeats, known from 6 degrees of freedom
 

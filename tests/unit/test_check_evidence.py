@@ -19,8 +19,8 @@ from tuner.errors import ConfigError
 from tuner.review.evidence import build_evidence, windows_line, windows_plan
 from tuner.review.stored import open_review
 from tuner.schema import baseline_study, confirm_study, stage_study
-from tuner.study.acceptance import Decision
-from tuner.study.noise import NoiseEstimate
+from tuner.study.decision.acceptance import Decision
+from tuner.study.decision.noise import NoiseEstimate
 
 P = {"max_num_seqs": 32}  # the accepted configuration
 BASE = [[1.0, 1000.0, 0.020], [1.1, 900.0, 0.022]]  # two baseline windows

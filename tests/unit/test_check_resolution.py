@@ -1,5 +1,5 @@
 """Every verdict states what it can resolve: the smallest change of its objective the windows
-behind it would detect (tuner/study/noise.py ``NoiseEstimate.resolution``), and a row that
+behind it would detect (tuner/study/decision/noise.py ``NoiseEstimate.resolution``), and a row that
 cannot resolve ``check.resolve`` reads UNRESOLVED with the windows it would need, never PASS.
 Known numbers throughout; the measured path is tests/integration/test_check_endpoint.py."""
 
@@ -32,8 +32,8 @@ from tuner.deployment.check.endpoint import pooled_with
 from tuner.deployment.check.evidence_file import read_reference
 from tuner.errors import ConfigError
 from tuner.redact import Redactor
-from tuner.study.acceptance import Decision, objective_changes
-from tuner.study.noise import NoiseEstimate
+from tuner.study.decision.acceptance import Decision, objective_changes
+from tuner.study.decision.noise import NoiseEstimate
 
 # Two evidence windows 10 % apart: one degree of freedom, as in the issue's quickstart export.
 TWO = NoiseEstimate.of([1.0, 1.1])

@@ -17,8 +17,8 @@ from tuner.config import SloConfig
 from tuner.errors import ConfigError
 from tuner.measurement.stats import ClassStats, MetricStats, measure
 from tuner.scoring import objective as obj
-from tuner.study.fingerprint import fingerprint
-from tuner.study.session import outcome_lines
+from tuner.study.loop.session import outcome_lines
+from tuner.study.state.fingerprint import fingerprint
 
 
 def _ctx(slo: SloConfig) -> obj.ObjectiveContext:

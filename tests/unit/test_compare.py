@@ -26,7 +26,7 @@ from tuner.deployment.compare import (
     window_order,
 )
 from tuner.measurement.stats import ClassStats, Measurements, MetricStats, measure
-from tuner.study.noise import NoiseEstimate
+from tuner.study.decision.noise import NoiseEstimate
 
 
 def test_windows_alternate_which_side_goes_first() -> None:

@@ -1,8 +1,9 @@
 """The driver's side of parallel trials, on a virtual clock: the real StudyRunner, samplers,
-storage and stage loop (tuner/study/stage_search.py, flights.py), with an executor that runs each
-trial instantly and finishes them in the order their table durations say. Ray's own placement
-is tested for real in tests/integration/test_ray_*.py; here the driver's decisions are: what
-it asks when, what it lets start, what it records for a lost or interrupted trial.
+storage and stage loop (tuner/study/loop/stage_search.py, flights.py), with an executor
+that runs each trial instantly and finishes them in the order their table durations say.
+Ray's own placement is tested for real in tests/integration/test_ray_*.py; here the driver's
+decisions are: what it asks when, what it lets start, what it records for a lost or
+interrupted trial.
 """
 
 from __future__ import annotations
@@ -21,8 +22,8 @@ from tuner.measurement.stats import Measurements, MetricStats
 from tuner.paths import TrialPaths
 from tuner.schema import Role, TrialAttr, TrialStatus, confirm_study
 from tuner.search.launch import LaunchSpec
-from tuner.study.evaluation import Evaluator
-from tuner.study.runner import StudyRunner
+from tuner.study.decision.evaluation import Evaluator
+from tuner.study.loop.runner import StudyRunner
 from tuner.trial.outcome import TrialOutcome
 
 GPUS = 8

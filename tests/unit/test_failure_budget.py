@@ -6,7 +6,7 @@ import pytest
 
 from tuner.config import StudyConfig
 from tuner.errors import StudyFailedError
-from tuner.study.failure_budget import FailureBudget
+from tuner.study.loop.failure_budget import FailureBudget
 
 
 def test_consecutive_failures_stop_and_a_success_resets_the_run() -> None:

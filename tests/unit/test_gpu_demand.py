@@ -20,9 +20,9 @@ from tuner.plan.demand import host_gpus, over_host
 from tuner.schema import Role, TrialAttr
 from tuner.scoring.feasibility import meets
 from tuner.search.launch import LaunchSpec
-from tuner.study.evaluation import Evaluator
-from tuner.study.prescreen import Prescreen
-from tuner.study.runner import StudyRunner
+from tuner.study.decision.evaluation import Evaluator
+from tuner.study.loop.prescreen import Prescreen
+from tuner.study.loop.runner import StudyRunner
 from tuner.trial.outcome import REASON_SCREENED, TrialOutcome
 
 logging.getLogger("aiconfigurator_core").setLevel(logging.ERROR)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from tuner.host.cpu import read_cpuinfo
-from tuner.study.fingerprint import digest, hardware
+from tuner.study.state.fingerprint import digest, hardware
 
 EPYC_AVX2 = "AMD EPYC 7B13", "fpu sse avx2 fma"
 XEON_AMX = "Intel(R) Xeon(R) Processor", "fpu avx2 avx512f avx512_bf16 amx_bf16 amx_tile"

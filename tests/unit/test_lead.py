@@ -1,14 +1,15 @@
-"""tuner.study.lead: which near miss of a stage leads the next stages, on hand-made trials."""
+"""tuner.study.decision.lead: which near miss of a stage leads the next stages, on hand-made
+trials."""
 
 from __future__ import annotations
 
 import optuna
 
 from tuner.schema import TrialAttr, TrialStatus
-from tuner.study.acceptance import Decision
-from tuner.study.lead import LEAD_MAX_OVERSHOOT, find_lead, lead_incumbent, next_lead
-from tuner.study.noise import NoiseEstimate
-from tuner.study.stages import Incumbent
+from tuner.study.decision.acceptance import Decision
+from tuner.study.decision.lead import LEAD_MAX_OVERSHOOT, find_lead, lead_incumbent, next_lead
+from tuner.study.decision.noise import NoiseEstimate
+from tuner.study.decision.stages import Incumbent
 
 FEASIBLE = Incumbent(
     {"tensor_parallel_size": 8}, [100.0], {"slo_p99_ttft": -0.2}, "baseline", [99.0, 100.0, 101.0]

@@ -15,7 +15,7 @@ from tuner.measurement.records import ERROR_TIMEOUT, PHASE_MEASURE, PHASE_WARMUP
 from tuner.measurement.stats import ClassStats, Measurements, measure
 from tuner.schema import CLASS_METRIC_PREFIX, TrialStatus, class_metric_attr, metric_attr
 from tuner.search.launch import LaunchSpec
-from tuner.study.evaluation import Evaluated
+from tuner.study.decision.evaluation import Evaluated
 from tuner.trial.outcome import TrialOutcome
 
 T0, T1 = 1_000.0, 1_010.0  # a 10 s window

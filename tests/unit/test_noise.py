@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from tuner.study.acceptance import Comparison, decide
-from tuner.study.noise import NoiseEstimate, NoisePool, NoiseSplit
+from tuner.study.decision.acceptance import Comparison, decide
+from tuner.study.decision.noise import NoiseEstimate, NoisePool, NoiseSplit
 
 
 def test_the_estimate_pools_log_variance_over_repeated_configurations() -> None:

@@ -17,10 +17,10 @@ from tuner.plan.planner import Planner
 from tuner.plan.table import Anchor, Scale
 from tuner.schema import Role, TrialAttr, TrialStatus
 from tuner.search import space as search_space
-from tuner.study.evaluation import Evaluator
-from tuner.study.prescreen import LOOKAHEAD_TOLERANCE, Prescreen
-from tuner.study.stages import Incumbent, Stage
-from tuner.study.stored_stage import StoredStage
+from tuner.study.decision.evaluation import Evaluator
+from tuner.study.decision.stages import Incumbent, Stage
+from tuner.study.loop.prescreen import LOOKAHEAD_TOLERANCE, Prescreen
+from tuner.study.state.stored_stage import StoredStage
 
 logging.getLogger("aiconfigurator_core").setLevel(logging.ERROR)
 BATCHES = [4, 8, 16, 32, 64]

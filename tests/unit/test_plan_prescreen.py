@@ -24,11 +24,11 @@ from tuner.schema import Role, TrialAttr, TrialStatus
 from tuner.scoring.feasibility import meets
 from tuner.search import space as search_space
 from tuner.search.launch import LaunchSpec
-from tuner.study.evaluation import Evaluator
-from tuner.study.prescreen import Prescreen, seeds_for
-from tuner.study.runner import StudyRunner
-from tuner.study.stages import Incumbent, Stage
-from tuner.study.stored_stage import StoredStage
+from tuner.study.decision.evaluation import Evaluator
+from tuner.study.decision.stages import Incumbent, Stage
+from tuner.study.loop.prescreen import Prescreen, seeds_for
+from tuner.study.loop.runner import StudyRunner
+from tuner.study.state.stored_stage import StoredStage
 from tuner.trial.outcome import REASON_SCREENED, TrialOutcome
 
 logging.getLogger("aiconfigurator_core").setLevel(logging.ERROR)

@@ -14,8 +14,8 @@ import pytest
 from tuner.composition import compose
 from tuner.plan.planner import Planner
 from tuner.schema import TrialAttr, TrialStatus
-from tuner.study.promise import contradiction_lines, nearest_launch, promised
-from tuner.study.stages import Incumbent, StudyResult
+from tuner.study.decision.stages import Incumbent, StudyResult
+from tuner.study.loop.promise import contradiction_lines, nearest_launch, promised
 
 logging.getLogger("aiconfigurator_core").setLevel(logging.ERROR)
 NAMES = ["output_throughput_per_gpu"]

@@ -17,7 +17,7 @@ from tuner.loadgen.locust import LocustLoadGenerator
 from tuner.loadgen.request import body
 from tuner.search.launch import LaunchSpec
 from tuner.server.backend import ServerInfo
-from tuner.study.fingerprint import fingerprint
+from tuner.study.state.fingerprint import fingerprint
 from tuner.testing.tiny_tokenizer import make_tiny_tokenizer
 from tuner.trial.run import _target
 

@@ -21,8 +21,8 @@ from tuner.paths import TrialPaths
 from tuner.quality import load_items
 from tuner.schema import Role, TrialAttr, stage_study
 from tuner.search.launch import LaunchSpec
-from tuner.study.evaluation import Evaluator
-from tuner.study.runner import StudyRunner
+from tuner.study.decision.evaluation import Evaluator
+from tuner.study.loop.runner import StudyRunner
 from tuner.testing.grid_table import DEFAULTS, GROUPS, PARAMS, write_table
 from tuner.testing.landscape import Landscape
 from tuner.testing.lookup import (

@@ -20,7 +20,7 @@ from tuner.loadgen.request import consume
 from tuner.measurement.records import ERROR_HTTP, ERROR_REJECTED, RequestRecord
 from tuner.measurement.stats import measure
 from tuner.scoring import objective as obj
-from tuner.study.fingerprint import fingerprint
+from tuner.study.state.fingerprint import fingerprint
 
 # vLLM 0.32's answer to a prompt longer than --max-model-len (HTTP 400)
 TOO_LONG = {

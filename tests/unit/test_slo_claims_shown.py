@@ -21,7 +21,7 @@ from tuner.review.report import build_report
 from tuner.review.stored import Review, open_review
 from tuner.schema import StudyAttr, baseline_study, stage_study
 from tuner.scoring.confidence import SloClaim, claims
-from tuner.study.acceptance import Decision
+from tuner.study.decision.acceptance import Decision
 
 E2E = "slo_p99_e2e"
 # name, mean violation, bound, confidence, target, windows, spread, df

@@ -12,9 +12,9 @@ from scipy import stats
 
 from tests.unit.test_study import Scripted
 from tuner.scoring.confidence import SloClaim, SloStatus, claim, claims
-from tuner.study.acceptance import Decision
-from tuner.study.session import outcome_lines
-from tuner.study.stages import Incumbent, StudyResult
+from tuner.study.decision.acceptance import Decision
+from tuner.study.decision.stages import Incumbent, StudyResult
+from tuner.study.loop.session import outcome_lines
 
 NAMES = ["p99_e2e_latency", "output_throughput"]
 WINDOWS = [

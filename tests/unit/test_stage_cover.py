@@ -1,4 +1,4 @@
-"""Which points of a stage's finite space are left to measure (tuner.study.stages)."""
+"""Which points of a stage's finite space are left to measure (tuner.study.decision.stages)."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import optuna
 
 from tuner.config import ParamSpec
 from tuner.search import space as search_space
-from tuner.study.stages import Stage
-from tuner.study.stored_stage import StoredStage
+from tuner.study.decision.stages import Stage
+from tuner.study.state.stored_stage import StoredStage
 
 SPECS = {
     "tensor_parallel_size": ParamSpec(type="categorical", choices=[1, 2, 4, 8]),

@@ -1,4 +1,4 @@
-"""The stage order chosen from the plan (tuner/study/order.py) and the closed-loop estimate it
+"""The stage order chosen from the plan (tuner/study/loop/order.py) and the closed-loop estimate it
 plays on (tuner/plan/loaded.py). The estimates are the real estimator's (AIConfigurator,
 offline); the plays' logic is also checked on hand-made judges with known answers."""
 
@@ -17,7 +17,7 @@ from tuner.plan.loaded import loaded
 from tuner.plan.planner import Planner
 from tuner.plan.queueing import Load, serve
 from tuner.plan.table import PlannedPoint
-from tuner.study.order import Judged, Played, _pick, candidate_orders, choose_order, play
+from tuner.study.loop.order import Judged, Played, _pick, candidate_orders, choose_order, play
 
 logging.getLogger("aiconfigurator_core").setLevel(logging.ERROR)
 SELECT = "output_throughput_per_gpu"

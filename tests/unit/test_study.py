@@ -18,9 +18,9 @@ from tuner.errors import ConfigError
 from tuner.schema import REFINE, Role
 from tuner.scoring.feasibility import meets
 from tuner.search.space import resolve
-from tuner.study.evaluation import Evaluator
-from tuner.study.runner import StudyRunner
-from tuner.study.stages import plan_stages
+from tuner.study.decision.evaluation import Evaluator
+from tuner.study.decision.stages import plan_stages
+from tuner.study.loop.runner import StudyRunner
 from tuner.testing.grid_table import DEFAULTS, GROUPS, PARAMS, write_table
 from tuner.testing.landscape import Landscape, Measured
 from tuner.testing.lookup import (
@@ -462,8 +462,8 @@ def test_resuming_a_study_with_other_objectives_is_refused(tmp_path: Path) -> No
 
 
 def test_the_summary_shows_a_kept_baseline_once_and_a_new_incumbent_as_a_change() -> None:
-    from tuner.study.session import outcome_lines
-    from tuner.study.stages import Incumbent, StudyResult
+    from tuner.study.decision.stages import Incumbent, StudyResult
+    from tuner.study.loop.session import outcome_lines
 
     names = ["p99_e2e_latency", "output_throughput"]
     base = Incumbent({}, [0.89, 1724.0], {}, "baseline", [1720.0, 1728.0])

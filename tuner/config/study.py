@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 from tuner.config.executor import EXECUTORS
 from tuner.errors import ConfigError
 
-# Who orders a staged study's groups: the plan, where estimates exist (tuner/study/order.py), or
-# study.stages as written.
+# Who orders a staged study's groups: the plan, where estimates exist
+# (tuner/study/loop/order.py), or study.stages as written.
 STAGE_ORDERS = ("plan", "preset")
 # How the acceptance rule measures noise: the study's pooled repeats, or each comparison's own.
 NOISE_RULES = ("pooled", "pair")

@@ -4,11 +4,12 @@ The windows alternate A B B A A B B A ... so that a drift of the machine (a neig
 throttled core) falls on both sides alike. For each objective it reports B's mean over A's with a
 95 % interval (B/A times and divided by 1 + the rule's threshold: Student's t at the noise
 pooled over both sides' log values, as the study pools it) and a decision by the acceptance rule
-(tuner/study/acceptance.py ``decide``): *B better* when the rule accepts B over A, *B worse* when
-it accepts A over B, else *within noise* where the comparison resolves the objective's
-``check.resolve`` (the smallest change it would detect at the study's confidence with 80 %
-power, ``NoiseEstimate.resolution``), and *unresolved* where it cannot: "within noise" of a
-noise wider than the change asked about would read as "the same" when it means "not seen".
+(tuner/study/decision/acceptance.py ``decide``): *B better* when the rule accepts B over A,
+*B worse* when it accepts A over B, else *within noise* where the comparison resolves the
+objective's ``check.resolve`` (the smallest change it would detect at the study's confidence
+with 80 % power, ``NoiseEstimate.resolution``), and *unresolved* where it cannot: "within
+noise" of a noise wider than the change asked about would read as "the same" when it means
+"not seen".
 After ``--windows`` rounds, more rounds are measured while they would resolve an objective
 within ``--max-windows``. Exit 0; 1 when B is worse on some objective; 3 when nothing is
 worse but some objective is unresolved.
@@ -47,8 +48,8 @@ from tuner.measurement.stats import ClassStats, Measurements
 from tuner.redact import Redactor
 from tuner.scoring.objective import ObjectiveContext
 from tuner.search.checks import devices_needed
-from tuner.study.acceptance import Comparison, decide
-from tuner.study.noise import NoiseEstimate
+from tuner.study.decision.acceptance import Comparison, decide
+from tuner.study.decision.noise import NoiseEstimate
 
 
 class Verdict(StrEnum):

@@ -94,7 +94,7 @@ def _measure(
     count: int,
     say: Callable[[str], None],
 ) -> int:
-    from tuner.study.session import open_session
+    from tuner.study.loop.session import open_session
 
     # Where the export reads it (the stored URL hides its password) and without the quality
     # set: the windows are the evidence, and the gate judged this config in its stage.

@@ -143,7 +143,7 @@ class Measurements:
     # output_throughput when the window holds few request latencies. None without token times.
     output_token_rate: float | None = None
     # The token rate in WINDOW_SLICES (stats) equal consecutive parts of the window: how much of the
-    # noise is inside one launch (tuner.study.noise.NoiseSplit). Empty without token times.
+    # noise is inside one launch (tuner.study.decision.noise.NoiseSplit). Empty without token times.
     window_slices: list[float] = field(default_factory=list)
     # Requests sent later than scheduled by more than stats.DISPATCH_LAG_WARN_S (an open loop or a
     # trace replay): the client, not the server, set their arrival.

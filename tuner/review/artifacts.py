@@ -28,7 +28,7 @@ from optuna.trial import FrozenTrial
 from tuner.errors import ArtifactError
 from tuner.paths import StudyPaths
 from tuner.redact import Redactor
-from tuner.study.storage import study_id, trial_id
+from tuner.study.state.storage import study_id, trial_id
 
 # What a reviewer downloads, relative to the trial folder (missing files are skipped).
 ARTIFACT_FILES = (

@@ -27,7 +27,7 @@ from tuner.review.artifacts import (
     write_study_note,
 )
 from tuner.review.stored import Review, study_redactor
-from tuner.study.storage import study_id
+from tuner.study.state.storage import study_id
 
 HOST = "127.0.0.1"
 READY_TIMEOUT_S = 60.0

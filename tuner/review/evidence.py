@@ -24,7 +24,7 @@ from tuner.review.stored import Choice, Review, TrialView
 from tuner.schema import Role
 from tuner.search.checks import devices_needed
 from tuner.search.launch import LaunchSpec
-from tuner.study.noise import NoiseEstimate
+from tuner.study.decision.noise import NoiseEstimate
 
 LATENCIES = ("ttft", "tpot", "itl", "e2e")
 STATS = ("p50", "p90", "p95", "p99", "mean", "max", "n")

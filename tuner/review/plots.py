@@ -24,7 +24,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.figure import Figure
 
-from tuner.study.acceptance import Decision
+from tuner.study.decision.acceptance import Decision
 
 INFEASIBLE_GREY = "#b0b0b0"
 UNCONFIRMED_GREY = "#6f6f6f"

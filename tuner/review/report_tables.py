@@ -23,7 +23,7 @@ from tuner.review.slos import COLUMNS, HandoverSlos, row
 from tuner.review.stored import Review, TrialView, nondominated
 from tuner.schema import Role, TrialAttr
 from tuner.scoring.feasibility import mean_constraints, meets
-from tuner.study.acceptance import Decision
+from tuner.study.decision.acceptance import Decision
 
 # -- trials ----------------------------------------------------------------------------------
 

@@ -39,8 +39,8 @@ from tuner.schema import (
     study_of,
 )
 from tuner.server.simulated import stamp
-from tuner.study.acceptance import Decision
-from tuner.study.storage import open_storage, redact_url
+from tuner.study.decision.acceptance import Decision
+from tuner.study.state.storage import open_storage, redact_url
 
 __all__ = ["Choice", "Review", "TrialView", "nondominated", "open_review"]
 

@@ -8,7 +8,7 @@ a local stand-in.
 - :mod:`~tuner.testing.landscape`: a measured landscape (a grid table of repeats) and its truth;
 - :mod:`~tuner.testing.gpu_landscape`: a GPU landscape (one truth per configuration, noise
   drawn per launch) and the GPU study a replay of it runs;
-- :mod:`~tuner.testing.lookup`: a real :class:`~tuner.study.runner.StudyRunner` whose trial
+- :mod:`~tuner.testing.lookup`: a real :class:`~tuner.study.loop.runner.StudyRunner` whose trial
   function looks each launch up in a landscape, and the run's trace
   (:mod:`~tuner.testing.run_trace`);
 - :mod:`~tuner.testing.grid_table`: a small synthetic grid table with known answers;

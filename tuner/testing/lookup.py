@@ -1,6 +1,6 @@
 """A StudyRunner whose trials look measurements up in a landscape instead of starting servers.
 
-:func:`run_study` runs tuner's own :class:`~tuner.study.runner.StudyRunner` (samplers from the
+:func:`run_study` runs tuner's own :class:`~tuner.study.loop.runner.StudyRunner` (samplers from the
 registry, search_space, evaluation, the acceptance rule, a real Optuna SQLite storage) with
 :func:`lookup_trials` as its ``trial_fn``, the runner's public seam for the trial function:
 each launch draws one of its configuration's measured repeats, and the run's launches and
@@ -31,10 +31,10 @@ from tuner.plan.planner import Planner
 from tuner.schema import StudyAttr, TrialStatus
 from tuner.scoring.confidence import confidently_met, undecided
 from tuner.search.launch import LaunchSpec
-from tuner.study.acceptance import Decision
-from tuner.study.evaluation import Evaluator
-from tuner.study.prescreen import Prescreen
-from tuner.study.runner import StudyRunner, TrialFn
+from tuner.study.decision.acceptance import Decision
+from tuner.study.decision.evaluation import Evaluator
+from tuner.study.loop.prescreen import Prescreen
+from tuner.study.loop.runner import StudyRunner, TrialFn
 from tuner.testing.landscape import MAX_ERROR_RATE, Landscape, Measured
 from tuner.testing.run_trace import Launch, RunTrace, incumbent_timeline
 from tuner.trial.outcome import TrialOutcome

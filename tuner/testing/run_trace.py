@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from tuner.study.acceptance import Decision
+from tuner.study.decision.acceptance import Decision
 from tuner.testing.landscape import Key, Landscape, Measured
 
 

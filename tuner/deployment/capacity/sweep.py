@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from tuner.config import SloConfig
 from tuner.measurement.stats import Measurements
 from tuner.plan.sizing import CapacityStep
-from tuner.study.budget import duration
+from tuner.study.loop.budget import duration
 
 Progress = Callable[[str], None]
 MeasureRate = Callable[[float, str], CapacityStep]  # (rate, phase) -> its step

@@ -5,8 +5,8 @@ that `tuner export` wrote, runs that evidence's workload against the endpoint th
 load generator and measurement as a trial (tuner/deployment/check/endpoint.py), starting nothing,
 and judges each objective and SLO:
 
-- an objective *regressed* when the study's acceptance threshold (tuner/study/noise.py, the
-  rule of tuner/study/acceptance.py) on log(value) says the evidence is better than the
+- an objective *regressed* when the study's acceptance threshold (tuner/study/decision/noise.py, the
+  rule of tuner/study/decision/acceptance.py) on log(value) says the evidence is better than the
   deployment: the difference beats the study's pooled noise of that objective, with this
   check's own windows pooled in (``_deployment_side`` says why), and the study's ``min_gain``;
 - every objective row states its *resolution*: the smallest change it would detect at the
@@ -56,7 +56,7 @@ from tuner.errors import ConfigError
 from tuner.measurement.stats import Measurements
 from tuner.redact import Redactor
 from tuner.scoring.confidence import SloClaim, SloStatus, claims
-from tuner.study.noise import NoiseEstimate
+from tuner.study.decision.noise import NoiseEstimate
 
 PASS, BETTER, REGRESSION, UNRESOLVED = "pass", "better", "regression", "unresolved"
 MET, VIOLATED = "met", "violated"

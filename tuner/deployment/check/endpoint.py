@@ -31,7 +31,7 @@ from tuner.measurement.stats import Measurements, measure
 from tuner.scoring import objective as obj
 from tuner.scoring.feasibility import mean_constraints
 from tuner.server.external import base_url, completion_status, served_models
-from tuner.study.noise import NoiseEstimate
+from tuner.study.decision.noise import NoiseEstimate
 
 Say = Callable[[str], None]
 

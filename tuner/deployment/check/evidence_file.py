@@ -27,7 +27,7 @@ from tuner.config.workload import (
 from tuner.deployment.check.endpoint import Scoring
 from tuner.errors import ConfigError
 from tuner.scoring.objective import ObjectiveContext
-from tuner.study.noise import NoiseEstimate
+from tuner.study.decision.noise import NoiseEstimate
 
 DEFAULT_RESOLVE = CheckConfig().resolve
 

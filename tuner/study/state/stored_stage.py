@@ -19,8 +19,8 @@ from optuna.trial import FrozenTrial, TrialState
 from tuner.config import ServerConfig
 from tuner.schema import Role, StudyAttr, TrialAttr
 from tuner.search import space as search_space
-from tuner.study.acceptance import Decision
-from tuner.study.stages import Incumbent, Stage, jsonable, point_key
+from tuner.study.decision.acceptance import Decision
+from tuner.study.decision.stages import Incumbent, Stage, jsonable, point_key
 from tuner.trial.outcome import NOT_LAUNCHED
 
 
@@ -114,7 +114,7 @@ class StoredStage:
         """Add the incumbent as a known first trial, so the sampler starts from the control.
 
         Only when every param of the stage has a known value on the incumbent (``defaults``:
-        what the server runs for a flag left out, see tuner.study.canonical) that lies in the
+        what the server runs for a flag left out, see tuner.study.state.canonical) that lies in the
         stage's space (False otherwise): a trial with a partial point leaves Optuna's relative
         samplers (GP, NSGA-II, multivariate TPE) no common search space, and they fall back to
         random sampling for the whole stage (measured in the replays of benchmarks/).

@@ -15,8 +15,8 @@ from optuna.storages import BaseStorage
 
 from tuner.errors import ConfigError
 from tuner.schema import owns
-from tuner.study.evaluation import Evaluator
-from tuner.study.storage import fail_unfinished_trials
+from tuner.study.decision.evaluation import Evaluator
+from tuner.study.state.storage import fail_unfinished_trials
 
 
 def check_objectives(study: optuna.Study, names: list[str]) -> None:

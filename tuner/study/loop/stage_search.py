@@ -29,12 +29,12 @@ from tuner.config import ServerConfig
 from tuner.executor import REASON_EXECUTOR_LOST, JobResult, demand_of
 from tuner.schema import Role, TrialAttr, TrialStatus
 from tuner.search import space as search_space
-from tuner.study.canonical import Canonical
-from tuner.study.evaluation import Evaluator
-from tuner.study.flights import Flight, Flights, Land, LostTrials, Tell, Want, record_lost
-from tuner.study.prescreen import Prescreen
-from tuner.study.stages import Incumbent, Stage, point_key, stage_winner
-from tuner.study.stored_stage import StoredStage, measured_config
+from tuner.study.decision.evaluation import Evaluator
+from tuner.study.decision.stages import Incumbent, Stage, point_key, stage_winner
+from tuner.study.loop.flights import Flight, Flights, Land, LostTrials, Tell, Want, record_lost
+from tuner.study.loop.prescreen import Prescreen
+from tuner.study.state.canonical import Canonical
+from tuner.study.state.stored_stage import StoredStage, measured_config
 from tuner.trial.outcome import TrialOutcome
 
 MAX_PROPOSALS_PER_TRIAL = 4  # a stage that reuses measurements stops re-asking past this

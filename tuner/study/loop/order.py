@@ -30,8 +30,8 @@ from tuner.plan import points as plan_space
 from tuner.plan.loaded import Loaded, loaded
 from tuner.plan.planner import Planner
 from tuner.plan.table import PlannedPoint
-from tuner.study.prescreen import LOOKAHEAD_TOLERANCE, rank_for
-from tuner.study.stages import point_key
+from tuner.study.decision.stages import point_key
+from tuner.study.loop.prescreen import LOOKAHEAD_TOLERANCE, rank_for
 
 # How far over an SLO an estimate may read and still count as meeting it in a play. The best
 # point of a landscape sits on an SLO's edge, and the estimator's TPOT is often a tenth off

@@ -14,7 +14,7 @@ search around the lead until one accepts such a winner, for at most :data:`LEAD_
 stages go back to the incumbent, and a study that ends with the lead unresolved hands over the
 incumbent. No new lead is taken while one is followed, nor from the last stage. With
 study.prescreen, the estimator may name a lead that no window shows
-(:meth:`tuner.study.prescreen.Prescreen.lead_ahead`); it is followed the same way.
+(:meth:`tuner.study.loop.prescreen.Prescreen.lead_ahead`); it is followed the same way.
 """
 
 from __future__ import annotations
@@ -25,9 +25,9 @@ from dataclasses import dataclass
 import optuna
 
 from tuner.scoring.feasibility import meets, violation
-from tuner.study.acceptance import Decision
-from tuner.study.noise import NoiseEstimate
-from tuner.study.stages import Incumbent, measured_ok
+from tuner.study.decision.acceptance import Decision
+from tuner.study.decision.noise import NoiseEstimate
+from tuner.study.decision.stages import Incumbent, measured_ok
 
 # Summed relative overshoot of the SLOs a lead may have: within reach of one more group's knobs
 # (the prefill chunk takes ~10 % off a P99 TTFT), and above a window's noise on a GPU (2-5 %).

@@ -6,7 +6,8 @@ incumbent and the decision uses every measurement of both. The rule is simple to
 
     gain      = mean(candidate) - mean(incumbent)          (sign-adjusted: larger is better)
     noise     = t(0.975, df) * sd * sqrt(1/n_c + 1/n_i) * |mean(incumbent)|
-                (sd, df: the study's pooled relative noise, tuner.study.noise; study.noise=pair:
+                (sd, df: the study's pooled relative noise, tuner.study.decision.noise;
+                 study.noise=pair:
                  2 * sqrt(var_c / n_c + var_i / n_i), each comparison's own variances)
     threshold = max(noise, min_gain * |mean(incumbent)|)
     accept   <=> the candidate meets every constraint with the stated confidence
@@ -41,7 +42,7 @@ import numpy as np
 
 from tuner.scoring.confidence import SloClaim
 from tuner.scoring.feasibility import NO_DATA_VIOLATION
-from tuner.study.noise import NoiseEstimate, NoiseSplit
+from tuner.study.decision.noise import NoiseEstimate, NoiseSplit
 
 # The F-test's level at which the baseline's launches count as differing beyond their windows.
 SPLIT_P = 0.05

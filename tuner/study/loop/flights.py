@@ -29,8 +29,8 @@ from tuner.paths import StudyPaths
 from tuner.schema import TrialAttr, TrialStatus
 from tuner.search import space as search_space
 from tuner.search.launch import LaunchSpec
-from tuner.study.evaluation import Evaluated
-from tuner.study.storage import Heartbeat, trial_id
+from tuner.study.decision.evaluation import Evaluated
+from tuner.study.state.storage import Heartbeat, trial_id
 
 MAX_LOST_PER_WANT = 3  # a measurement lost this often is not the executor's bad luck
 HINT_LOST = "check the Ray cluster's nodes (`ray status`); the study can be resumed"

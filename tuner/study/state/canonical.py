@@ -17,7 +17,7 @@ from tuner.config import ServerConfig
 from tuner.search import space as search_space
 
 # (params, the specs of every param) -> each param's value as the server runs that launch
-# (tuner.study.prescreen.Prescreen.server_values asks vLLM's own config builder).
+# (tuner.study.loop.prescreen.Prescreen.server_values asks vLLM's own config builder).
 ServerValues = Callable[[dict[str, Any], dict[str, Any]], Mapping[str, Any]]
 
 

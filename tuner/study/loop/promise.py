@@ -22,8 +22,8 @@ from tuner.plan.planner import Planner
 from tuner.plan.table import PlannedPoint
 from tuner.schema import TrialAttr
 from tuner.scoring.feasibility import meets
-from tuner.study.prescreen import rank_for
-from tuner.study.stages import StudyResult, measured_ok
+from tuner.study.decision.stages import StudyResult, measured_ok
+from tuner.study.loop.prescreen import rank_for
 
 
 @dataclass(frozen=True)

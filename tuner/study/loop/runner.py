@@ -31,20 +31,10 @@ from tuner.schema import (
 )
 from tuner.search.samplers import make_sampler
 from tuner.server.kinds import served_by
-from tuner.study.acceptance import Decision
-from tuner.study.budget import BudgetHook, LaunchBudget, modelled_extra, planned_launches
-from tuner.study.canonical import Canonical
-from tuner.study.confirmation import Confirmation
-from tuner.study.evaluation import Evaluated, Evaluator
-from tuner.study.failure_budget import FailureBudget
-from tuner.study.fingerprint import digest
-from tuner.study.flights import Flight, Flights, Want, record_lost
-from tuner.study.lead import Following, next_lead
-from tuner.study.prescreen import Prescreen
-from tuner.study.reference import QualityReference
-from tuner.study.resume import check_resumed, open_study
-from tuner.study.stage_search import SearchTools, StageSearch
-from tuner.study.stages import (
+from tuner.study.decision.acceptance import Decision
+from tuner.study.decision.evaluation import Evaluated, Evaluator
+from tuner.study.decision.lead import Following, next_lead
+from tuner.study.decision.stages import (
     Incumbent,
     Stage,
     StudyResult,
@@ -54,8 +44,18 @@ from tuner.study.stages import (
     ok_trials,
     plan_stages,
 )
-from tuner.study.storage import open_storage
-from tuner.study.stored_stage import StoredStage
+from tuner.study.loop.budget import BudgetHook, LaunchBudget, modelled_extra, planned_launches
+from tuner.study.loop.confirmation import Confirmation
+from tuner.study.loop.failure_budget import FailureBudget
+from tuner.study.loop.flights import Flight, Flights, Want, record_lost
+from tuner.study.loop.prescreen import Prescreen
+from tuner.study.loop.stage_search import SearchTools, StageSearch
+from tuner.study.state.canonical import Canonical
+from tuner.study.state.fingerprint import digest
+from tuner.study.state.reference import QualityReference
+from tuner.study.state.resume import check_resumed, open_study
+from tuner.study.state.storage import open_storage
+from tuner.study.state.stored_stage import StoredStage
 from tuner.trial.run import run_trial
 
 Progress = Callable[[str], None]
@@ -107,7 +107,7 @@ class StudyRunner:
 
     def reorder(self, groups: list[str]) -> None:
         """Runs the stages over ``groups`` in that order (one named twice is searched twice),
-        chosen before the first launch (tuner.study.order); the launch budget follows."""
+        chosen before the first launch (tuner.study.loop.order); the launch budget follows."""
         self.config.study.stages = list(groups)
         self.stages = plan_stages(self.config)
         first = self.config.study.baseline_measurements
@@ -130,7 +130,7 @@ class StudyRunner:
 
     def storage_shown(self) -> str:
         """The storage URL with any password masked, for lines a user sees."""
-        from tuner.study.storage import redact_url
+        from tuner.study.state.storage import redact_url
 
         return redact_url(self.storage_url)
 
@@ -305,7 +305,7 @@ class StudyRunner:
         self, stage: Stage, incumbent: Incumbent, lead: Incumbent | None = None
     ) -> tuple[Incumbent, Decision]:
         """Search the stage around ``lead`` (else the incumbent), then decide against the
-        incumbent (tuner.study.lead); a stage decided already is only read back."""
+        incumbent (tuner.study.decision.lead); a stage decided already is only read back."""
         start = lead or incumbent
         rest = self._stage_trials(self.stages.index(stage))
         self.launches.replan(planned_launches(self.config.study, rest, 0))

@@ -14,7 +14,8 @@
   beside the measurement that decides.
 
 Neither counts as a launch: the stage's budget counts launched trials
-(:meth:`tuner.study.stored_stage.StoredStage.launched`), the failure budget counts failed launches.
+(:meth:`tuner.study.state.stored_stage.StoredStage.launched`), the failure budget counts
+failed launches.
 """
 
 from __future__ import annotations
@@ -40,10 +41,10 @@ from tuner.schema import Role, TrialAttr, TrialStatus
 from tuner.search import space as search_space
 from tuner.search.launch import LaunchSpec
 from tuner.search.space import as_spec
-from tuner.study.evaluation import Evaluator
-from tuner.study.lead import lead_incumbent
-from tuner.study.stages import Incumbent, Stage, measured_ok, point_key
-from tuner.study.stored_stage import StoredStage
+from tuner.study.decision.evaluation import Evaluator
+from tuner.study.decision.lead import lead_incumbent
+from tuner.study.decision.stages import Incumbent, Stage, measured_ok, point_key
+from tuner.study.state.stored_stage import StoredStage
 from tuner.trial.outcome import REASON_INVALID_CONFIG, REASON_SCREENED, TrialOutcome
 
 Progress = Callable[[str], None]

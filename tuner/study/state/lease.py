@@ -39,7 +39,7 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 
 from tuner.errors import ConfigError
-from tuner.study.storage import storage_error
+from tuner.study.state.storage import storage_error
 
 LEASE_S = 60.0  # how long a silent driver keeps its study
 _META = MetaData()

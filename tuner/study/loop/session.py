@@ -28,16 +28,16 @@ from tuner.search import space as search_space
 from tuner.server import LaunchSpec, make_backend
 from tuner.server.vllm import args_to_argv
 from tuner.server.vllm_parser import check_argvs, vllm_flags, vllm_version
-from tuner.study.budget import BudgetHook
-from tuner.study.evaluation import Evaluator
-from tuner.study.fingerprint import fingerprint, hardware, public_env
-from tuner.study.lease import RunLease, take_lease
-from tuner.study.order import choose_order
-from tuner.study.prescreen import Prescreen
-from tuner.study.promise import contradiction_lines, promised
-from tuner.study.runner import Progress, StudyRunner
-from tuner.study.stages import StudyResult, spec_text
-from tuner.study.storage import check_url
+from tuner.study.decision.evaluation import Evaluator
+from tuner.study.decision.stages import StudyResult, spec_text
+from tuner.study.loop.budget import BudgetHook
+from tuner.study.loop.order import choose_order
+from tuner.study.loop.prescreen import Prescreen
+from tuner.study.loop.promise import contradiction_lines, promised
+from tuner.study.loop.runner import Progress, StudyRunner
+from tuner.study.state.fingerprint import fingerprint, hardware, public_env
+from tuner.study.state.lease import RunLease, take_lease
+from tuner.study.state.storage import check_url
 from tuner.telemetry import gpu_inventory
 from tuner.traffic.replay import check_replay
 from tuner.trial.run import run_trial
@@ -60,7 +60,7 @@ class Session:
         cfg = self.config
         check_replay(cfg.workload, cfg.server.tokenizer)  # a trace window that replays nothing
         # vLLM's engine-config check of the fixed args and of every candidate before its
-        # launch (tuner.study.prescreen); its worker imports vLLM while the checks below run.
+        # launch (tuner.study.loop.prescreen); its worker imports vLLM while the checks below run.
         gpus = self.device_count if cfg.server.device == "cuda" else 0
         prescreen = Prescreen.open(cfg, self.runner.evaluator, self.runner.say, gpus)
         prescreen.baseline_fits()  # seconds, where a baseline that cannot load costs minutes
@@ -80,7 +80,7 @@ class Session:
 
     def order_stages(self, planner: Planner | None) -> None:
         """Where the plan can estimate the space and study.stage_order is plan: the stage
-        order that plays best on its estimates (tuner.study.order), said in one line."""
+        order that plays best on its estimates (tuner.study.loop.order), said in one line."""
         if planner is None or self.config.study.stage_order != "plan" or self._ordered:
             return
         self._ordered = True
@@ -92,7 +92,7 @@ class Session:
 
     def _take_lock(self) -> None:
         """One `tuner run` per study, on any host: a second driver would mark the first's
-        trials failed. The lease lives in the study's database (tuner.study.lease)."""
+        trials failed. The lease lives in the study's database (tuner.study.state.lease)."""
         paths = self.runner.paths.ensure()
         self._lease = take_lease(
             self.runner.storage_url,
@@ -108,7 +108,7 @@ class Session:
         data["server"]["env"] = public_env(config.server.env)
         data["server"].pop("api_key", None)
         if config.study.storage:
-            from tuner.study.storage import redact_url
+            from tuner.study.state.storage import redact_url
 
             data["study"]["storage"] = redact_url(config.study.storage)
         self.runner.paths.config_yaml.write_text(yaml.safe_dump(data, sort_keys=False))

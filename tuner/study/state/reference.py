@@ -17,7 +17,7 @@ from tuner.config import TunerConfig
 from tuner.paths import StudyPaths
 from tuner.quality import QualityOutputs, attach_quality, gate_applies, quality_line
 from tuner.schema import Role, TrialAttr, confirm_label
-from tuner.study.stages import Stage
+from tuner.study.decision.stages import Stage
 from tuner.trial.outcome import TrialOutcome
 
 

@@ -3,8 +3,9 @@
 The search trial that won a stage had one window, and the incumbent's windows were taken
 earlier; both are measured ``study.repeats`` more times in alternation (in the confirmation
 study of :mod:`tuner.schema`, one trial per tagged slot, so a resumed run re-uses what it has) and
-:func:`tuner.study.acceptance.decide` keeps the winner only beyond the noise. The noise is the
-study's own (:class:`tuner.study.noise.NoisePool`): every configuration it measured more than once.
+:func:`tuner.study.decision.acceptance.decide` keeps the winner only beyond the noise. The
+noise is the study's own (:class:`tuner.study.decision.noise.NoisePool`): every configuration
+it measured more than once.
 The winner's search window counts unless ``study.count_search_window`` is false: it was picked
 as the best of the stage's draws, so luck picked it too and it reads high; the replays found
 that counting it proves more real gains than it lets luck through.
@@ -35,7 +36,7 @@ from tuner.scoring.confidence import (
     undecided,
 )
 from tuner.scoring.feasibility import mean_constraints, meets
-from tuner.study.acceptance import (
+from tuner.study.decision.acceptance import (
     Comparison,
     Decision,
     ObjectiveChange,
@@ -43,11 +44,11 @@ from tuner.study.acceptance import (
     objective_changes,
     resolution_line,
 )
-from tuner.study.evaluation import Evaluated, Evaluator
-from tuner.study.flights import Want
-from tuner.study.noise import NoiseEstimate, NoisePool, WindowPool
-from tuner.study.stages import Incumbent, Repeats, Stage, measured_ok, stage_winner
-from tuner.study.stored_stage import StoredStage
+from tuner.study.decision.evaluation import Evaluated, Evaluator
+from tuner.study.decision.noise import NoiseEstimate, NoisePool, WindowPool
+from tuner.study.decision.stages import Incumbent, Repeats, Stage, measured_ok, stage_winner
+from tuner.study.loop.flights import Want
+from tuner.study.state.stored_stage import StoredStage
 
 NOTHING_BEAT = "no feasible trial beat the incumbent"
 # Measurements (side by side where the executor has the slots) -> each evaluated, told already
@@ -85,7 +86,7 @@ class Confirmation:
 
     def learn_baseline(self, baseline: Incumbent, trials: list[optuna.trial.FrozenTrial]) -> str:
         """Pool the baseline's windows; what their spread means for the study, said once
-        before the stages start (:func:`tuner.study.acceptance.resolution_line`)."""
+        before the stages start (:func:`tuner.study.decision.acceptance.resolution_line`)."""
         self.noise.add(baseline.params, baseline.samples)
         self.windows.add(baseline.params, baseline.constraint_windows)
         cfg = self.config.study

@@ -2,7 +2,7 @@
 
 The plan (which groups, in which order, or all of them at once for the joint strategy), the
 incumbent that enters a stage, and what a finished study returns. A stage's trials, as the
-storage holds them, are read through :class:`tuner.study.stored_stage.StoredStage`.
+storage holds them, are read through :class:`tuner.study.state.stored_stage.StoredStage`.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from tuner.schema import REFINE, Role, TrialAttr, TrialStatus
 from tuner.scoring.confidence import SloClaim, SloStatus, claims
 from tuner.scoring.feasibility import mean_constraints, meets, violation
 from tuner.search import space as search_space
-from tuner.study.acceptance import Decision
+from tuner.study.decision.acceptance import Decision
 
 
 @dataclass
