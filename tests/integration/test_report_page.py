@@ -5,8 +5,11 @@ two request classes as the browser built it (its DOM).
 The screenshot must be a real page of the requested size with the figures in it, and the accepted
 change's solid green appears only where a decision accepted one. On mixed traffic the "Request
 classes" table holds, per class and side, the numbers the stored trials hold, and the per-class
-latency CDFs are on the page, their SLO lines in view. scripts/setup.sh installs the browser (as
-root), so a missing /usr/bin/chromium fails these tests instead of skipping them.
+latency CDFs are on the page, their SLO lines in view. The Pareto figure is in view, its alt
+text and caption naming the study's own objectives (a GPU preset's tokens/s per GPU against
+tokens/s per user; that its labels never overlap is tests/unit/test_report_pareto.py's check on
+the same figure code). scripts/setup.sh installs the browser (as root), so a missing
+/usr/bin/chromium fails these tests instead of skipping them.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ import pytest
 from tests.fakes.classes_study import NAME, make_classes_study
 from tests.fakes.kept_study import make_kept_study
 from tests.fakes.stored_study import make_stored_study
+from tests.unit.test_report_pareto import GPU, PER_GPU, PER_USER, make_gpu_study
 from tuner.review import class_plots, plots
 from tuner.review.classes import COLUMNS, MEASURED, class_names
 from tuner.review.render import write_report
@@ -238,3 +242,76 @@ def test_the_browser_shows_each_class_s_rows_and_its_latency_cdfs(tmp_path: Path
     one = write_report(single, tmp_path / "demo")[-1]
     screenshot(one, tmp_path / "demo-tall.png", tmp_path / "demo-profile", TALL)
     assert slo_red_pixels(tmp_path / "demo-tall.png") == 0  # that red is the class figure's
+
+
+# -- the Pareto figure names the study's own objectives ----------------------------------------
+
+
+class FigureWords(HTMLParser):
+    """Each figure's <img> alt text and its caption's text, by figure id."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.alts: dict[str, str] = {}
+        self.captions: dict[str, str] = {}
+        self._figure = ""
+        self._caption: list[str] | None = None
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        found = dict(attrs)
+        if tag == "figure":
+            self._figure = found.get("id") or ""
+        elif tag == "img" and self._figure:
+            self.alts[self._figure] = found.get("alt") or ""
+        elif tag == "figcaption" and self._figure:
+            self._caption = []
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag == "figcaption" and self._caption is not None:
+            self.captions[self._figure] = "".join(self._caption).strip()
+            self._caption = None
+        elif tag == "figure":
+            self._figure = ""
+
+    def handle_data(self, data: str) -> None:
+        if self._caption is not None:
+            self._caption.append(data)
+
+
+def front_pixels(shot: Path) -> int:
+    """Pixels of the Pareto front's crimson line and rings (no other figure draws crimson)."""
+    rgb = (matplotlib.image.imread(shot)[..., :3] * 255).astype(int)
+    target = np.array([0xDC, 0x14, 0x3C])  # matplotlib's "crimson", pareto.FRONT_STYLE
+    return int((np.abs(rgb - target).max(axis=2) <= 8).sum())
+
+
+def test_the_browser_shows_the_pareto_figure_of_the_study_s_own_objectives(
+    tmp_path: Path,
+) -> None:
+    studies = tmp_path / "studies"
+    make_gpu_study(studies)
+    make_stored_study(studies)
+    pages = {
+        GPU: (PER_GPU, PER_USER),  # tokens/s per GPU against tokens/s per user
+        "demo": ("p99_e2e_latency", "output_throughput"),  # the CPU default's pair
+    }
+    for name, (up, across) in pages.items():
+        out = tmp_path / name
+        shot = rendered(studies, name, out)  # a real page of the requested size
+        assert front_pixels(shot) > 100, f"{name}: the Pareto front is not in view"
+        dom = dump_dom(out / "report.html", tmp_path / f"{name}-profile")
+        parts, words = PageParts(), FigureWords()
+        parts.feed(dom)
+        words.feed(dom)
+        (src,) = parts.images["pareto"]  # the figure the page embeds is pareto.png
+        prefix = "data:image/png;base64,"
+        assert base64.b64decode(src[len(prefix) :]) == (out / "pareto.png").read_bytes()
+        for shown in (words.alts["pareto"], words.captions["pareto"]):
+            assert shown.startswith(f"Pareto front: {up} (")
+            assert f" against {across} (" in shown
+        assert words.captions["pareto"].endswith("(pareto.png)")
+    # the GPU preset's caption names no objective the study does not optimise
+    gpu_words = FigureWords()
+    gpu_words.feed((tmp_path / GPU / "report.html").read_text(encoding="utf-8"))
+    assert "p99_e2e_latency" not in gpu_words.captions["pareto"]
+    assert "cost" not in gpu_words.captions["pareto"]

@@ -1,5 +1,5 @@
-"""The report's figures (matplotlib, headless): Pareto front, decision per stage, latency CDFs,
-parameter importances.
+"""The report's figures (matplotlib, headless): Pareto front (drawn by :mod:`tuner.review.pareto`,
+its names kept here), decision per stage, latency CDFs, parameter importances.
 
 Each figure is drawn from a typed structure holding exactly the numbers it shows (built by
 :mod:`tuner.review.report`, kept on the report so tests and readers can check the picture
@@ -13,8 +13,6 @@ import io
 import math
 import textwrap
 from dataclasses import dataclass, field
-from enum import StrEnum
-from typing import Any
 
 import matplotlib
 
@@ -24,47 +22,20 @@ import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.figure import Figure
 
+from tuner.review.pareto import INFEASIBLE_GREY as INFEASIBLE_GREY
+from tuner.review.pareto import UNCONFIRMED_GREY as UNCONFIRMED_GREY
+from tuner.review.pareto import ParetoData as ParetoData
+from tuner.review.pareto import ParetoPoint as ParetoPoint
+from tuner.review.pareto import PointKind as PointKind
+from tuner.review.pareto import pareto_figure
 from tuner.study.decision.acceptance import Decision
 
-INFEASIBLE_GREY = "#b0b0b0"
-UNCONFIRMED_GREY = "#6f6f6f"
 ACCEPTED_GREEN = "#2e8b57"
 NOISE_GREY = "#e4e4e4"
 UNCONFIRMED = "search window, not confirmed"
-X_COL, Y_COL = "m_output_throughput_tok_s", "m_e2e_p99_s"
 
 
 # -- the numbers behind the figures ---------------------------------------------------------
-
-
-class PointKind(StrEnum):
-    """What a point of the Pareto figure is."""
-
-    BASELINE_MEAN = "baseline mean"
-    BASELINE_WINDOW = "baseline window"
-    SEARCH = "search window"
-
-
-@dataclass(frozen=True)
-class ParetoPoint:
-    label: str
-    kind: PointKind
-    throughput: float  # output tokens/s
-    p99: float  # P99 end-to-end latency, s
-    cost: float | None
-    feasible: bool
-    pareto: bool = False
-
-
-@dataclass(frozen=True)
-class ParetoData:
-    """Search windows (one each) against the baseline's mean; its windows show its spread."""
-
-    points: list[ParetoPoint]
-    cost_name: str | None = None
-
-    def of(self, kind: PointKind) -> list[ParetoPoint]:
-        return [p for p in self.points if p.kind == kind]
 
 
 @dataclass(frozen=True)
@@ -174,72 +145,6 @@ def _empty(fig: Figure, ax: plt.Axes, text: str) -> Figure:
     ax.text(0.5, 0.5, text, ha="center", va="center", transform=ax.transAxes, color="#666")
     ax.set_xticks([])
     ax.set_yticks([])
-    return fig
-
-
-FEASIBLE_STYLE: dict[str, Any] = {
-    "cmap": "viridis",
-    "s": 55,
-    "edgecolors": "black",
-    "linewidths": 0.4,
-}
-FRONT_STYLE: dict[str, Any] = {
-    "color": "crimson",
-    "lw": 1.2,
-    "ls": "--",
-    "marker": "o",
-    "mfc": "none",
-    "ms": 11,
-}
-
-
-def _xy(points: list[ParetoPoint]) -> tuple[list[float], list[float]]:
-    return [p.throughput for p in points], [p.p99 for p in points]
-
-
-def _search_points(fig: Figure, ax: plt.Axes, data: ParetoData) -> None:
-    search = data.of(PointKind.SEARCH)
-    bad, good = [p for p in search if not p.feasible], [p for p in search if p.feasible]
-    ax.scatter(*_xy(bad), c=INFEASIBLE_GREY, s=40, label="infeasible (SLO missed)")
-    costs = [p.cost for p in good if p.cost is not None]
-    colour = costs if data.cost_name and good and len(costs) == len(good) else None
-    label = "search window (one each, not confirmed)"
-    points = ax.scatter(*_xy(good), c=colour, label=label, **FEASIBLE_STYLE)
-    if colour is not None:
-        fig.colorbar(points, ax=ax, label=data.cost_name)
-
-
-def _baseline_points(ax: plt.Axes, data: ParetoData) -> None:
-    windows, mean = data.of(PointKind.BASELINE_WINDOW), data.of(PointKind.BASELINE_MEAN)
-    ax.scatter(*_xy(windows), marker="x", c=UNCONFIRMED_GREY, s=30, label="baseline windows")
-    label = f"baseline: mean of {len(windows)} window(s)"
-    ax.scatter(*_xy(mean), marker="*", c="black", s=220, zorder=3, label=label)
-
-
-def pareto_figure(data: ParetoData) -> Figure:
-    """P99 E2E latency vs output throughput; colour = cost, infeasible grey, front outlined."""
-    fig, ax = plt.subplots(figsize=(7.5, 5))
-    if not data.points:
-        return _empty(fig, ax, "no measured trial")
-    _search_points(fig, ax, data)
-    _baseline_points(ax, data)
-    front = sorted((p for p in data.points if p.pareto), key=lambda p: p.throughput)
-    ax.plot(*_xy(front), label="Pareto front", **FRONT_STYLE)
-    for p in data.points:
-        if p.kind != PointKind.BASELINE_WINDOW:
-            ax.annotate(
-                p.label,
-                (p.throughput, p.p99),
-                fontsize=7,
-                xytext=(4, 3),
-                textcoords="offset points",
-            )
-    ax.margins(0.12)
-    ax.set_xlabel("output throughput (tokens/s) \u2192 better")
-    ax.set_ylabel("P99 end-to-end latency (s) \u2193 better")
-    ax.set_title("Search windows against the baseline's mean")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8, loc="best")
     return fig
 
 

@@ -22,8 +22,11 @@ from tuner.review.slos import COLUMNS, HandoverSlos
 from tuner.review.stored import open_review, study_redactor
 
 FIGURE_TITLES = {
-    "pareto": "Pareto front: latency vs throughput of the search windows (one each, not "
-    "confirmed) against the baseline's mean (colour = cost, grey = infeasible)",
+    # where no pair of objectives is drawn; a drawn figure's caption names the study's own
+    # objectives on its axes (ParetoData.caption, figure_title)
+    "pareto": "Pareto front of the study's first two objectives: the search windows (one each, "
+    "not confirmed) against the baseline's mean (grey = infeasible); a study of one objective "
+    "has no front to draw",
     "improvement": "Per stage: the decision on the confirmation rounds' means with its noise "
     "band (solid = accepted), and the winner's search window against the baseline's mean "
     "(hollow = not confirmed)",
@@ -190,9 +193,15 @@ def _table(frame: pd.DataFrame) -> str:
     )
 
 
-def _figure(name: str, data: bytes) -> str:
+def figure_title(report: Report, name: str) -> str:
+    """A figure's caption: the Pareto figure's names the objectives on its axes."""
+    drawn = report.data.pareto.caption if report.data is not None and name == "pareto" else None
+    return drawn or FIGURE_TITLES.get(name, name)
+
+
+def _figure(name: str, data: bytes, caption: str) -> str:
     encoded = base64.b64encode(data).decode("ascii")
-    title = html.escape(FIGURE_TITLES.get(name, name))
+    title = html.escape(caption)
     return (
         f"<figure id='{name}'><img alt='{title}' src='data:image/png;base64,{encoded}'>"
         f"<figcaption>{title} ({name}.png)</figcaption></figure>"
@@ -248,7 +257,7 @@ def html_page(report: Report) -> str:
     hits = [c for c in (HIT_RATE, SPEC_RATE) if c in t and t[c].notna().any()]
     overview = t[[*SUMMARY_COLS, *objectives, *hits, "bottleneck_evidence"]] if not t.empty else t
     summary = "".join(f"<li>{html.escape(line)}</li>" for line in headline(report))
-    figures = "".join(_figure(n, d) for n, d in report.figures.items())
+    figures = "".join(_figure(n, d, figure_title(report, n)) for n, d in report.figures.items())
     stamp = report.review.simulated
     return (
         "<!doctype html><html><head><meta charset='utf-8'>"

@@ -24,6 +24,7 @@ from tuner.review import class_plots, plots
 from tuner.review.class_plots import ClassCdf, ClassSeries, ReportFigureData
 from tuner.review.classes import class_names, class_slos, classes_frame, shows_classes
 from tuner.review.estimates import EstimateCheck, estimate_check
+from tuner.review.pareto import BASELINE_LABEL, axes_for
 from tuner.review.plots import CdfSeries, ImprovementData, ParetoData, PointKind
 from tuner.review.report_tables import (
     SearchWindow,
@@ -107,43 +108,63 @@ def figure_data(report: Report) -> ReportFigureData:
     )
 
 
-def _search_point(row: pd.Series, kind: PointKind, cost: str | None) -> plots.ParetoPoint:
+def _values(row: pd.Series, names: list[str]) -> dict[str, float]:
+    """A trials-table row's value of each study objective it has (its own columns)."""
+    return {n: float(row[n]) for n in names if n in row and pd.notna(row[n])}
+
+
+def _search_point(
+    row: pd.Series, kind: PointKind, names: list[str], handover: str
+) -> plots.ParetoPoint:
     return plots.ParetoPoint(
         row["label"],
         kind,
-        float(row[plots.X_COL]),
-        float(row[plots.Y_COL]),
-        None if cost is None or pd.isna(row.get(cost)) else float(row[cost]),
+        _values(row, names),
         bool(row["feasible"]),
         # a baseline window only shows the spread: the front goes through the baseline's mean
         bool(row["pareto"]) and kind == PointKind.SEARCH,
+        kind == PointKind.SEARCH and row["label"] == handover,
     )
 
 
+def handover_label(review: Review) -> str:
+    """The point of the hand-over: the accepted candidate's search window (the window its
+    numbers come from), else the baseline's mean."""
+    choice = review.choice()
+    if choice.decision and choice.trial is not None:
+        return source_label(choice.trial)
+    return BASELINE_LABEL
+
+
 def pareto_data(review: Review, trials: pd.DataFrame) -> ParetoData:
-    """Search windows and baseline windows as measured; the baseline's mean as one point."""
-    cost = next((n for n in review.objectives if "cost" in n), None)
-    if trials.empty or not {plots.X_COL, plots.Y_COL} <= set(trials.columns):
-        return ParetoData([], cost)
-    shown = trials[trials["measured"] & trials[plots.X_COL].notna() & trials[plots.Y_COL].notna()]
+    """Search windows and baseline windows as measured, the baseline's mean as one point, on
+    the study's own objectives: the stored study's, in its value order (config.yaml may be
+    missing), arranged by :func:`tuner.review.pareto.axes_for`."""
+    names = review.objectives
+    x, y, colour = axes_for(names, review.directions, review.select_by)
+    if x is None or y is None or trials.empty or not {x.name, y.name} <= set(trials.columns):
+        return ParetoData([], x, y, colour)
+    shown = trials[trials["measured"] & trials[x.name].notna() & trials[y.name].notna()]
     kinds = {Role.SEARCH: PointKind.SEARCH, Role.BASELINE: PointKind.BASELINE_WINDOW}
     rows = [r for _, r in shown.iterrows() if r["role"] in kinds]
-    points = [_search_point(r, kinds[r["role"]], cost) for r in rows]
+    handover = handover_label(review)
+    points = [_search_point(r, kinds[r["role"]], names, handover) for r in rows]
     base = shown[shown["stage"] == Role.BASELINE]
     if not base.empty:
-        points.append(_baseline_point(review, base, cost))
-    return ParetoData(points, cost)
+        points.append(_baseline_point(review, base, handover == BASELINE_LABEL))
+    return ParetoData(points, x, y, colour)
 
 
-def _baseline_point(review: Review, base: pd.DataFrame, cost: str | None) -> plots.ParetoPoint:
+def _baseline_point(review: Review, base: pd.DataFrame, handover: bool) -> plots.ParetoPoint:
+    """The mean of every baseline window, per objective (as every comparison uses it)."""
+    means = {n: review.baseline_mean(n) for n in review.objectives}
     return plots.ParetoPoint(
-        "baseline (mean)",
+        BASELINE_LABEL,
         PointKind.BASELINE_MEAN,
-        float(base[plots.X_COL].mean()),
-        float(base[plots.Y_COL].mean()),
-        review.baseline_mean(cost) if cost else None,
+        {n: m for n, m in means.items() if m is not None},
         baseline_feasible(review),
         bool(base["pareto"].any()),
+        handover,
     )
 
 
