@@ -136,11 +136,13 @@ def test_report_html_and_pngs(small_study: SmallStudy, review_copy: Path) -> Non
     out = tuner(["report"], small_study, review_copy)
     assert "stage batching:" in out and "best config:" in out
     folder = review_copy / small_study.name / "report"
-    for name in ("pareto", "improvement", "latency_cdf", "importances"):
+    # the default workload has two request classes: each class's CDFs are a figure too
+    figures = ("pareto", "improvement", "latency_cdf", "class_latency_cdf", "importances")
+    for name in figures:
         assert (folder / f"{name}.png").read_bytes().startswith(PNG)
     page = (folder / "report.html").read_text()
     images = re.findall(r"data:image/png;base64,([A-Za-z0-9+/=]+)", page)
-    assert len(images) == 4 and all(base64.b64decode(i).startswith(PNG) for i in images)
+    assert len(images) == len(figures) and all(base64.b64decode(i).startswith(PNG) for i in images)
     assert "Trials and bottlenecks" in page and "baseline#0" in page
     assert (folder / "trials.parquet").stat().st_size > 0
     # The page in a real browser, and the numbers behind its figures against the stored

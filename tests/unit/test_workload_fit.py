@@ -25,7 +25,6 @@ from tuner.traffic.trace import read_trace
 ROOT = Path(__file__).resolve().parents[2]
 SAMPLE = ROOT / "conf" / "workload" / "traces" / "azure_code_2023_sample.csv"
 RECORDED = ROOT / "tests" / "data" / "vllm_metrics.txt"
-SHARED = ROOT.parent / "shared" / "data" / "traces" / "azure_llm_code_2023.csv"
 # vLLM's length buckets: build_1_2_5_buckets(max_model_len=2048)
 BUCKETS = [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000]
 
@@ -125,15 +124,14 @@ def test_a_fit_by_class_fits_each_class_on_its_own(
     assert workload.rate == pytest.approx((len(source) - 1) / span, rel=1e-4)
 
 
-@pytest.mark.skipif(not SHARED.is_file(), reason="the shared public trace is not here")
-def test_a_fit_of_the_shared_trace_by_prompt_length_has_its_shares(
+def test_a_fit_of_the_azure_sample_by_prompt_length_has_its_shares(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     out = tmp_path / "fitted.yaml"
-    argv = ["--from-trace", str(SHARED), "--class-by-prompt", "short:1024,long"]
+    argv = ["--from-trace", str(SAMPLE), "--class-by-prompt", "short:1024,long"]
     assert main(["workload", "fit", *argv, "--out", str(out)]) == 0
     workload = _written(out)
-    raw = pd.read_csv(SHARED)
+    raw = pd.read_csv(SAMPLE)
     short = int((raw["ContextTokens"] <= 1024).sum())
     shares = {"short": short / len(raw), "long": 1 - short / len(raw)}
     assert {c.name: c.weight for c in workload.classes} == pytest.approx(shares, abs=1e-6)
