@@ -2,9 +2,11 @@
 (priority 0) against document summaries (priority 10), first come first served against
 ``--scheduling-policy priority``, in the order FCFS, priority, priority, FCFS.
 
-Under priority, chat's P99 TTFT must be lower by more than the measured noise (the spread of
-each arm's two windows), documents must still complete, and each trial's result.json carries
-both classes' own stats. benchmarks/priority.py measures the same with more rounds."""
+Under priority, chat's P99 TTFT must be lower by more than the measured noise: the arms' mean
+log P99s must differ by more than the widest spread of one arm's two windows (a P99 over an 8 s
+window of chat turns moves by up to x2 between windows on this host). Documents must still
+complete, and each trial's result.json carries both classes' own stats.
+benchmarks/priority.py measures the same with more rounds."""
 
 from __future__ import annotations
 
@@ -45,7 +47,7 @@ def test_priority_scheduling_cuts_the_chat_classs_p99_ttft(
         assert all(r.ok for r in sent if r.request_class == "documents"), policy
     log = {k: [math.log(v) for v in vs] for k, vs in chat.items()}
     noise = max(max(v) - min(v) for v in log.values())  # each arm's own spread (log)
-    gap = min(log["fcfs"]) - max(log["priority"])
+    gap = sum(log["fcfs"]) / len(log["fcfs"]) - sum(log["priority"]) / len(log["priority"])
     print(f"chat P99 TTFT s: {chat}; log gap {gap:.2f} against noise {noise:.2f}")
     assert gap > noise, (chat, gap, noise)
     assert documents_done["priority"] > 0  # documents wait, they are not starved

@@ -12,6 +12,7 @@ import os
 import random
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -268,6 +269,20 @@ def test_the_fake_slows_by_its_factor_and_drifts_by_the_period(fake: FakeServer)
     drift = math.exp(random.Random(0).gauss(0.0, 1.0))  # period 0's draw: x2.56
     for _ in range(2):
         assert drift * ttft <= _first_token_s(fake) < drift * ttft + late
+
+
+def test_a_request_in_flight_across_a_reset_stays_out_of_the_next_run(fake: FakeServer) -> None:
+    """A timed-out client leaves its request streaming on the server; when it gets to its first
+    token after the next test's reset, it keeps its own delays and the old run's timings."""
+    fake.reset(FakeConfig(ttft_s=0.6))
+    body = {"model": MODEL, "prompt": "a b", "max_tokens": 2, "stream": True}
+    with pytest.raises(requests.exceptions.RequestException):  # the client gives up
+        requests.post(f"{fake.url}/v1/completions", json=body, timeout=0.2)
+    old = fake.timings
+    fake.reset(FakeConfig(ttft_s=0.01))
+    time.sleep(0.8)  # the abandoned request reaches its first token under the new config
+    assert fake.timings == [] and all(t.first_token_s >= 0.6 for t in old)
+    assert _first_token_s(fake) < 0.3 and len(fake.timings) == 1
 
 
 def test_refused_connections_are_connection_errors(tok_dir: str, tmp_path: Path) -> None:

@@ -87,6 +87,10 @@ class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     server: _Server
     scale = 1.0  # this request's delays over the configured ones (tail, slowdown, drift)
+    # The config and timings list this request arrived under: a request still streaming when
+    # a test resets the server keeps its old delays and must not land in the next run's timings.
+    cfg: FakeConfig
+    timings: list[Timing]
 
     def setup(self) -> None:
         super().setup()
@@ -144,7 +148,8 @@ class _Handler(BaseHTTPRequestHandler):
         if self.path not in ("/v1/completions", "/v1/chat/completions"):
             self._error(404, f"no route {self.path}")
             return
-        cfg = self.fake.config
+        cfg = self.cfg = self.fake.config
+        self.timings = self.fake.timings
         if cfg.api_key and self.headers.get("Authorization") != f"Bearer {cfg.api_key}":
             self._error(401, "Unauthorized")
             return
@@ -169,7 +174,7 @@ class _Handler(BaseHTTPRequestHandler):
             self.close_connection = True  # the client went away (closed early, timed out)
 
     def _complete(self, body: dict[str, Any], arrival: float, drop: bool, chat: bool) -> None:
-        cfg = self.fake.config
+        cfg = self.cfg
         n_out = int(body.get("max_tokens") or cfg.default_max_tokens)
         n_prompt = _prompt_tokens(body)
         if not body.get("stream"):
@@ -196,7 +201,7 @@ class _Handler(BaseHTTPRequestHandler):
         self, body: dict[str, Any], chat: bool, arrival: float, n_out: int, drop: bool
     ) -> bool:
         """Write the token chunks on schedule; False when the connection was dropped."""
-        cfg = self.fake.config
+        cfg = self.cfg
         timing: Timing | None = None
         last = arrival
         for i in range(n_out):
@@ -214,7 +219,7 @@ class _Handler(BaseHTTPRequestHandler):
             now = time.perf_counter()
             if timing is None:
                 timing = Timing(now - arrival)
-                self.fake.timings.append(timing)
+                self.timings.append(timing)
             else:
                 timing.gaps_s.append(now - last)
             last = now
