@@ -38,7 +38,7 @@ from typing import Any
 import numpy as np
 
 from benchmarks.layout import ROOT, machine, results
-from tuner import LaunchSpec, compose, make_backend
+from tuner import LaunchSpec, compose, make_backend, resolve
 
 MODEL = ROOT / "models" / "tiny-llama"
 # The quickstart's CPU deployment with room for all of its 16 users; lower max_num_seqs make
@@ -89,7 +89,8 @@ def level(tmp: Path, evidence: Path, seqs: int, args: argparse.Namespace) -> dic
         [f"server.from_command={DEPLOYED.format(model=MODEL, seqs=seqs)}", "server.api_key="]
     )
     log = tmp / f"s{seqs}" / "server.log"
-    server = make_backend(config.server, LaunchSpec(cpus=[SERVER_CPU]), log)
+    launch = resolve(LaunchSpec(cpus=[SERVER_CPU]), config.server)
+    server = make_backend(config.server, launch, log)
     checks = []
     with server:
         server.wait_ready(time.monotonic() + 600)

@@ -46,8 +46,8 @@ import optuna
 from benchmarks.layout import machine, results
 from tuner import (
     Evaluator,
-    LaunchSpec,
     ParamSpec,
+    ResolvedLaunch,
     SamplerConfig,
     StudyRunner,
     TrialAttr,
@@ -81,14 +81,14 @@ def trial_s(tp: int) -> float:
 
 def table_trial(
     config: TunerConfig,
-    launch: LaunchSpec,
+    launch: ResolvedLaunch,
     paths: Any,
     trial_id: str,
     progress: Any = None,
     scale: float = 0.015,
 ) -> TrialOutcome:
     """The trial of ``launch``: its table duration (scaled), then its table numbers."""
-    args = launch.resolved(config.server.args)
+    args = launch.flags
     tp, seqs = int(args.get("tensor_parallel_size") or 1), int(args.get("max_num_seqs") or 256)
     time.sleep(trial_s(tp) * scale)
     # Throughput grows with TP sub-linearly and saturates with the batch; latency with the batch
@@ -97,7 +97,7 @@ def table_trial(
     measured = Measured(
         True, "", p99 / 2, p99, 0.05, 0.2, 0.02, 0.03, tok_s, tok_s / 200, 0.0, 600, 0
     )
-    return outcome_of(measured, launch, trial_id)
+    return outcome_of(measured, launch.record(), trial_id)
 
 
 def stage_config(

@@ -71,6 +71,7 @@ from tuner import (
     over_server,
     pin,
     read_records,
+    resolve,
     scrape,
     tree_cpus,
 )
@@ -272,7 +273,8 @@ def compare(args: argparse.Namespace) -> dict[str, Any]:
     wl = workload(args)
     with tempfile.TemporaryDirectory(prefix="fidelity-") as tmp:
         out = Path(tmp)
-        launch = LaunchSpec(cpus=args.server_cpus)  # started there, as tuner's placement does
+        # started there, as tuner's placement does
+        launch = resolve(LaunchSpec(cpus=args.server_cpus), config.server)
         server = make_backend(config.server, launch, out / "server.log")
         with server:  # starts it; stops and reaps it on the way out, whatever happens
             info = server.wait_ready(time.monotonic() + config.server.startup_timeout_s)
@@ -292,7 +294,7 @@ def compare(args: argparse.Namespace) -> dict[str, Any]:
             "concurrency": args.concurrency,
             "num_prompts": args.num_prompts,
         },
-        "server_args": {**config.server.args},
+        "server_args": launch.flags,
         "pairs": pairs,
         "median_ratio": median_ratios(pairs),
         "server_thread_cpus": server_cpus,

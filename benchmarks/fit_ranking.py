@@ -35,6 +35,7 @@ from tuner import (
     compose,
     make_backend,
     measure_window,
+    resolve,
 )
 
 MODEL = ROOT / "models" / "tiny-llama"
@@ -102,7 +103,8 @@ def measure_config(
     server_cfg.args = {**server_cfg.args, "max_num_seqs": seqs, "max_model_len": MAX_MODEL_LEN}
     server_cfg.api_key = KEY
     server_cfg.env = {**server_cfg.env, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
-    server = make_backend(server_cfg, LaunchSpec(cpus=[SERVER_CPU]), folder / "server.log")
+    launch = resolve(LaunchSpec(cpus=[SERVER_CPU]), server_cfg)
+    server = make_backend(server_cfg, launch, folder / "server.log")
     rows = []
     names = list(workloads)[::-1] if flip else list(workloads)
     with server:

@@ -40,6 +40,7 @@ from tuner import (
     compose,
     read_cpuinfo,
     read_records,
+    resolve,
     run_trial,
     window_slices,
 )
@@ -75,7 +76,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             config = compose([*base, *args.overrides])
             paths = StudyPaths.for_study(config.studies_dir, config.name).ensure()
             trial = paths.trial(f"{arm}-{n}")
-            outcome = run_trial(config, LaunchSpec(args=dict(ARMS[arm])), trial, f"{arm}-{n}")
+            launch = resolve(LaunchSpec(args=dict(ARMS[arm])), config.server)
+            outcome = run_trial(config, launch, trial, f"{arm}-{n}")
             if not outcome.ok:
                 raise SystemExit(f"{arm}-{n} failed: {outcome.reason}: {outcome.message}")
             rows.append(

@@ -42,6 +42,7 @@ from tuner import (
     TrialOutcome,
     compose,
     read_records,
+    resolve,
     run_trial,
     token_rate,
 )
@@ -274,7 +275,8 @@ def measure(args: argparse.Namespace) -> int:
         trial_id = f"{point.config_id}-r{rep}"
         paths = study.trial(trial_id)
         t0 = time.monotonic()
-        outcome = run_trial(config, LaunchSpec(args=dict(point.params)), paths, trial_id)
+        launch = resolve(LaunchSpec(args=dict(point.params)), config.server)
+        outcome = run_trial(config, launch, paths, trial_id)
         result = evaluator.evaluate(outcome, dict(point.params))
         row = row_of(grid, point, rep, len(done) + i, outcome, result.values[cost_idx])
         append_row(args.csv, row, grid.columns)

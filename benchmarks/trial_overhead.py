@@ -41,6 +41,7 @@ from tuner import (
     TunerConfig,
     compose,
     read_records,
+    resolve,
     run_trial,
 )
 
@@ -137,10 +138,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         config = compose([f"studies_dir={tmp}", "name=overhead", *args.overrides])
         study = StudyPaths.for_study(config.studies_dir, config.name).ensure()
         probes_by_trial = []
+        baseline = resolve(LaunchSpec(), config.server)
         with Probes() as probes:
             for i in range(args.trials):
                 started = time.time()
-                outcome = run_trial(config, LaunchSpec(), study.trial(f"t{i}"), f"t{i}")
+                outcome = run_trial(config, baseline, study.trial(f"t{i}"), f"t{i}")
                 if not outcome.ok:
                     raise SystemExit(f"trial {i} failed: {outcome.reason}: {outcome.message}")
                 row = breakdown(outcome, started, config.workload.warmup_s)
@@ -201,7 +203,7 @@ def measured_trial(
 ) -> TrialOutcome:
     """One real trial of a side-by-side benchmark; a failed one stops the benchmark with its
     reason (a ratio with a missing side means nothing)."""
-    outcome = run_trial(config, launch, paths.trial(trial_id), trial_id)
+    outcome = run_trial(config, resolve(launch, config.server), paths.trial(trial_id), trial_id)
     if not outcome.ok:
         raise SystemExit(f"{trial_id} failed: {outcome.reason}: {outcome.message}")
     return outcome

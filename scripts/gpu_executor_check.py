@@ -37,6 +37,7 @@ from tuner.executor import Demand, JobResult, TrialJob, make_executor  # noqa: E
 from tuner.executor.cluster import loopback_only  # noqa: E402
 from tuner.schema import TrialStatus  # noqa: E402
 from tuner.search.launch import LaunchSpec  # noqa: E402
+from tuner.search.resolved import ResolvedLaunch, resolve  # noqa: E402
 from tuner.telemetry import Telemetry  # noqa: E402
 from tuner.telemetry.nvml import gpu_inventory, visible_entries, visible_uuids  # noqa: E402
 from tuner.trial.outcome import TrialOutcome  # noqa: E402
@@ -82,7 +83,7 @@ def _child(mode: str, visible: str, *args: str) -> subprocess.Popen[str]:
 
 def gpu_trial(
     config: TunerConfig,
-    launch: LaunchSpec,
+    launch: ResolvedLaunch,
     paths: Any,
     trial_id: str,
     progress: Any = None,
@@ -99,7 +100,7 @@ def gpu_trial(
         start = time.time() + 2.0  # past the loads' start-up
         ran = [json.loads(p.communicate(timeout=busy_s + 120)[0]) for p in loads]
         end = time.time() - 0.5
-    outcome = TrialOutcome(trial_id, TrialStatus.OK, ["gpu-load"], launch)
+    outcome = TrialOutcome(trial_id, TrialStatus.OK, ["gpu-load"], launch.record())
     outcome.telemetry = telemetry.summary((start, end))
     outcome.message = json.dumps({"cuda_saw": seen, "loads": ran})
     return outcome
@@ -127,7 +128,7 @@ def run(gpus: int, busy_s: float) -> list[JobResult]:
     results: list[JobResult] = []
     try:
         for n, tp in enumerate(t for wave in waves(gpus) for t in wave):
-            launch = LaunchSpec(args={"tensor_parallel_size": tp})
+            launch = resolve(LaunchSpec(args={"tensor_parallel_size": tp}), config.server)
             folder = Path(os.environ.get("TMPDIR", "/tmp")) / f"gpu-executor-check/tp{tp}-{n}"
             job = TrialJob(
                 f"check#{n}",

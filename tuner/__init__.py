@@ -63,6 +63,8 @@ _OWNERS: dict[str, str] = {
     "run_trial": "tuner.trial.run",
     "TrialOutcome": "tuner.trial.outcome",
     "LaunchSpec": "tuner.search.launch",
+    "ResolvedLaunch": "tuner.search.resolved",
+    "resolve": "tuner.search.resolved",
     "make_backend": "tuner.server",
     "StudyPaths": "tuner.paths",
     "LocustLoadGenerator": "tuner.loadgen",
@@ -149,6 +151,7 @@ __all__ = [
     "Ratio",
     "RequestClass",
     "RequestRecord",
+    "ResolvedLaunch",
     "Role",
     "SamplerConfig",
     "Served",
@@ -186,6 +189,7 @@ __all__ = [
     "register_constraint",
     "register_objective",
     "relative_violation",
+    "resolve",
     "run_probe",
     "run_trial",
     "running",
@@ -250,6 +254,7 @@ if TYPE_CHECKING:  # the same names, eagerly, for type checkers and IDEs
         stat_or_nan,
     )
     from tuner.search.launch import LaunchSpec
+    from tuner.search.resolved import ResolvedLaunch, resolve
     from tuner.server import make_backend
     from tuner.study.decision.acceptance import Comparison, Decision, decide
     from tuner.study.decision.evaluation import Evaluator

@@ -44,6 +44,7 @@ def _quiet_libraries() -> None:
 def cmd_trial(args: argparse.Namespace) -> int:
     """Run one trial with the composed config; print its results table."""
     from tuner.paths import StudyPaths
+    from tuner.search.resolved import resolve
     from tuner.server import LaunchSpec, make_backend
     from tuner.trial.run import run_trial
 
@@ -51,7 +52,8 @@ def cmd_trial(args: argparse.Namespace) -> int:
     study = StudyPaths.for_study(config.studies_dir, config.name)
     trial_id = args.trial_id or time.strftime("trial-%Y%m%d-%H%M%S")
     paths = study.trial(trial_id)
-    backend = make_backend(config.server, LaunchSpec(), paths.server_log)
+    launch = resolve(LaunchSpec(), config.server)  # the baseline: the fixed args alone
+    backend = make_backend(config.server, launch, paths.server_log)
     backend.preflight()
     if args.dry_run:
         return _print_plan(config, backend.argv())
@@ -64,7 +66,7 @@ def cmd_trial(args: argparse.Namespace) -> int:
     if validates(config.server):
         ConfigValidator(config.server).preflight(LaunchSpec())
     study.ensure()
-    outcome = run_trial(config, LaunchSpec(), paths, trial_id, progress=say)
+    outcome = run_trial(config, launch, paths, trial_id, progress=say)
     _print_outcome(outcome)
     return 0 if outcome.ok else 1
 

@@ -33,6 +33,7 @@ from tuner.config import ServerConfig
 from tuner.deployment.check.endpoint import Endpoint, measure_window
 from tuner.deployment.check.evidence_file import read_reference
 from tuner.host.placement import allowed_cpus
+from tuner.search.resolved import resolve
 from tuner.server import LaunchSpec, make_backend
 from tuner.server.from_command import parse_command
 from tuner.study.decision.noise import NoiseEstimate
@@ -95,7 +96,9 @@ def test_a_doubled_p99_on_real_vllm_reads_regression(
         api_key=KEY,
         startup_timeout_s=300,
     )
-    server = make_backend(config, LaunchSpec(cpus=[cpus[0]]), tmp_path / "server.log")
+    server = make_backend(
+        config, resolve(LaunchSpec(cpus=[cpus[0]]), config), tmp_path / "server.log"
+    )
     with server:
         server.wait_ready(time.monotonic() + config.startup_timeout_s)
         path, resolution = _evidence(server.base_url, tmp_path, cpus[1])

@@ -37,6 +37,7 @@ from tests.conftest import ROOT, TINY_MODEL
 from tuner.cli import main
 from tuner.config import ServerConfig
 from tuner.host.placement import allowed_cpus, format_cpus
+from tuner.search.resolved import resolve
 from tuner.server import LaunchSpec, make_backend
 from tuner.server.from_command import StartCommand, parse_command
 
@@ -130,7 +131,7 @@ def deployment(start: StartCommand, cpu: int, folder: Path, **changes: Any) -> I
         api_key=KEY,
         startup_timeout_s=300,
     )
-    server = make_backend(config, LaunchSpec(cpus=[cpu]), folder / "server.log")
+    server = make_backend(config, resolve(LaunchSpec(cpus=[cpu]), config), folder / "server.log")
     with server:
         server.wait_ready(time.monotonic() + config.startup_timeout_s)
         yield server.base_url

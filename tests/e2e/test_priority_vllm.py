@@ -20,6 +20,7 @@ from tuner.composition import compose
 from tuner.measurement.records import read_records
 from tuner.paths import StudyPaths
 from tuner.search.launch import LaunchSpec
+from tuner.search.resolved import resolve
 from tuner.trial.run import run_trial
 
 pytestmark = pytest.mark.e2e
@@ -34,7 +35,7 @@ def test_priority_scheduling_cuts_the_chat_classs_p99_ttft(
     chat: dict[str, list[float]] = {"fcfs": [], "priority": []}
     documents_done: dict[str, int] = {"fcfs": 0, "priority": 0}
     for i, policy in enumerate(ORDER):
-        launch = LaunchSpec(args={"scheduling_policy": policy})
+        launch = resolve(LaunchSpec(args={"scheduling_policy": policy}), config.server)
         outcome = run_trial(config, launch, paths.trial(f"{policy}-{i}"), f"{policy}-{i}")
         assert outcome.ok, outcome.message
         result = json.loads((paths.trial(f"{policy}-{i}").result_json).read_text())

@@ -33,6 +33,7 @@ from tuner.quality import (
     score,
 )
 from tuner.scoring.objective import ObjectiveContext, get_constraint
+from tuner.search.resolved import resolve
 from tuner.server import LaunchSpec, make_backend
 
 # Outputs and the gate's verdict, not speeds: it shares the host with other tests.
@@ -46,7 +47,9 @@ def _serve_and_ask(
     """Start vLLM through tuner's backend, run the quality set ``runs`` times, stop it."""
     folder.mkdir(parents=True)
     items = load_items(QCFG.prompts)
-    with make_backend(config.server, launch, folder / "server.log") as server:
+    with make_backend(
+        config.server, resolve(launch, config.server), folder / "server.log"
+    ) as server:
         server.wait_ready(time.monotonic() + config.server.startup_timeout_s)
         model = config.server.served_model_name or config.server.model
         target = Target(server.base_url, server.api_key, model, config.server.model)

@@ -17,6 +17,7 @@ from tuner.composition import compose
 from tuner.paths import StudyPaths
 from tuner.search import space as search_space
 from tuner.search.launch import LaunchSpec
+from tuner.search.resolved import resolve
 from tuner.trial.run import run_trial
 
 pytestmark = pytest.mark.e2e
@@ -81,7 +82,8 @@ def test_every_runtime_value_the_cpu_build_accepts_runs(
     trial = compose([f"studies_dir={tmp_path}", "name=runtime", "workload.window_s=4"])
     paths = StudyPaths.for_study(trial.studies_dir, trial.name).ensure()
     for i, args in enumerate(LAUNCHES):
-        outcome = run_trial(trial, LaunchSpec(args=args), paths.trial(f"t{i}"), f"t{i}")
+        launch = resolve(LaunchSpec(args=args), trial.server)
+        outcome = run_trial(trial, launch, paths.trial(f"t{i}"), f"t{i}")
         assert outcome.ok, (args, outcome.reason, outcome.message)
         assert outcome.measurements is not None and outcome.measurements.completed > 0
         metrics = outcome.telemetry.metrics

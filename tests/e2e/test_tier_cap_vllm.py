@@ -16,6 +16,7 @@ from tuner.measurement.stats import Measurements
 from tuner.paths import StudyPaths
 from tuner.scoring import objective as obj
 from tuner.search.launch import LaunchSpec
+from tuner.search.resolved import resolve
 from tuner.trial.run import run_trial
 
 pytestmark = [pytest.mark.e2e, pytest.mark.shares_host]
@@ -28,7 +29,8 @@ def test_a_context_cap_rejects_the_documents_and_serves_chat(
     config = compose([*overrides, "workload.warmup_s=2", "workload.window_s=6"])
     paths = StudyPaths.for_study(config.studies_dir, config.name).ensure()
     trial = paths.trial("cap-1024")
-    outcome = run_trial(config, LaunchSpec(args={"max_model_len": 1024}), trial, "cap-1024")
+    capped = resolve(LaunchSpec(args={"max_model_len": 1024}), config.server)
+    outcome = run_trial(config, capped, trial, "cap-1024")
     assert outcome.ok, outcome.message
     result = json.loads(trial.result_json.read_text())
     m = Measurements.from_dict(result["measurements"])

@@ -26,6 +26,7 @@ from tuner.config import ServerConfig
 from tuner.config.workload import PrefixConfig, WorkloadConfig
 from tuner.loadgen.request_plan import load_tokenizer, read_plan
 from tuner.measurement.records import read_records
+from tuner.search.resolved import resolve
 from tuner.server import LaunchSpec, ServerBackend, make_backend
 from tuner.server.from_command import parse_command
 from tuner.traffic.fit import Fit
@@ -90,7 +91,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerBackend]:
         model=str(start.model), args=dict(start.args), env=dict(start.env), api_key=KEY
     )
     log = tmp_path_factory.mktemp("served") / "server.log"
-    with make_backend(config, LaunchSpec(), log) as server:
+    with make_backend(config, resolve(LaunchSpec(), config), log) as server:
         server.wait_ready(time.monotonic() + 300)
         yield server
 

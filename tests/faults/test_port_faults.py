@@ -17,6 +17,7 @@ from tuner.cli import main
 from tuner.composition import compose
 from tuner.host.children import free_port, port_is_free
 from tuner.paths import StudyPaths
+from tuner.search.resolved import resolve
 from tuner.server import LaunchSpec, make_backend
 from tuner.server.backend import REASON_PORT_IN_USE
 from tuner.trial.run import run_trial
@@ -85,7 +86,8 @@ def test_port_taken_after_the_preflight_is_a_classified_trial_failure(
         overrides(FAST, "name=portrace", f"studies_dir={tmp_path}", f"server.port={port}")
     )
     paths = StudyPaths.for_study(tmp_path, "portrace").ensure().trial("race")
-    make_backend(config.server, LaunchSpec(), paths.server_log).preflight()  # the port is free
+    baseline = resolve(LaunchSpec(), config.server)
+    make_backend(config.server, baseline, paths.server_log).preflight()  # the port is free
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)  # ... and now it is not
     sock.bind(("127.0.0.1", port))
     sock.listen()
@@ -93,7 +95,7 @@ def test_port_taken_after_the_preflight_is_a_classified_trial_failure(
     closer = threading.Thread(target=_close_when_logged, args=(sock, paths.server_log))
     closer.start()
     t0 = time.monotonic()
-    outcome = run_trial(config, LaunchSpec(), paths, "race")
+    outcome = run_trial(config, baseline, paths, "race")
     elapsed = time.monotonic() - t0
     closer.join()
     assert outcome.status == "failed" and outcome.reason == REASON_PORT_IN_USE, outcome

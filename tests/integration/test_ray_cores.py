@@ -29,6 +29,7 @@ from tuner.composition import compose
 from tuner.executor import TrialJob, demand_of, make_executor
 from tuner.executor.cluster import loopback_only
 from tuner.search.launch import LaunchSpec
+from tuner.search.resolved import resolve
 from tuner.trial.run import run_trial
 
 loopback_only()  # before Ray is imported: the instance listens on loopback only
@@ -62,7 +63,7 @@ def test_a_tp8_trials_vllm_gets_9_cores_or_more_and_its_client_others(
     config = compose(
         [*STANDIN, "name=cores", f"studies_dir={tmp_path}", f"workload.processes={PROCESSES}"]
     )
-    launch = LaunchSpec(args={"tensor_parallel_size": GPUS})
+    launch = resolve(LaunchSpec(args={"tensor_parallel_size": GPUS}), config.server)
     said: list[str] = []
     executor = make_executor(config, run_trial, said.append)
     try:

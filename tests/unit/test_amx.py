@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from tuner.config import ServerConfig
+from tuner.search.resolved import resolve
 from tuner.server import LaunchSpec, amx, make_backend
 from tuner.server import backend as b
 from tuner.server.vllm import classify_failure
@@ -55,9 +56,8 @@ def test_server_environment_adds_the_preload_on_amx_cpu_hosts_only(
 ) -> None:
     monkeypatch.setattr(amx, "host_has_amx", lambda: has_amx)
     monkeypatch.delenv("PYTHONPATH", raising=False)
-    server = make_backend(
-        ServerConfig(model=str(tmp_path), device=device), LaunchSpec(), tmp_path / "s.log"
-    )
+    config = ServerConfig(model=str(tmp_path), device=device)
+    server = make_backend(config, resolve(LaunchSpec(), config), tmp_path / "s.log")
     env = server.environment()  # type: ignore[attr-defined]
     assert (str(amx.PRELOAD) in env.get("PYTHONPATH", "")) is expected
 

@@ -101,7 +101,7 @@ class ClassScripted(Scripted):
         self, config: Any, launch: Any, paths: Any, trial_id: str, progress: Any = None
     ) -> Any:
         outcome = super().trial(config, launch, paths, trial_id, progress)
-        ttft = self.chat_ttft[launch.args.get("max_num_seqs")].pop(0)
+        ttft = self.chat_ttft[launch.spec.args.get("max_num_seqs")].pop(0)
         chat = MetricStats(n=100, p50=ttft / 2, p99=ttft)
         outcome.measurements.by_class = {
             "chat": ClassStats(chat, MetricStats(), MetricStats(), 100, 100, 0, 0.0, 50.0, 10.0)

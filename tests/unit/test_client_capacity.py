@@ -14,6 +14,8 @@ from tuner.config.workload import WorkloadConfig
 from tuner.loadgen import client_capacity as cap
 from tuner.loadgen.client_capacity import ClientCapacity
 from tuner.paths import client_capacity_file
+from tuner.search.launch import LaunchSpec
+from tuner.search.resolved import resolve
 
 
 def _config(processes: int = 1, concurrency: int = 64, mode: str = "closed") -> TunerConfig:
@@ -51,7 +53,8 @@ def test_a_raised_count_is_set_on_the_config_and_said() -> None:
 def test_no_expectation_leaves_the_config_and_measures_nothing() -> None:
     config = _config()
     assert cap.sized(config, None) is config
-    assert cap.for_job(config, {}, {}) is config  # no plan estimate in the attrs
+    baseline = resolve(LaunchSpec(), config.server)
+    assert cap.for_job(config, baseline, {}) is config  # no plan estimate in the attrs
 
 
 def test_the_plan_estimate_is_the_expected_rate() -> None:
@@ -73,7 +76,8 @@ def test_a_job_is_sized_from_its_trials_estimate(
     cap.store(ClientCapacity(events_per_s=3_000.0))
     attrs = {"plan_tok_s_gpu": 2_000.0, "plan_tpot_ms": 5.0}
     config = replace(_config(), server=replace(TunerConfig().server, device="cuda"))
-    sized = cap.for_job(config, {"tensor_parallel_size": 4}, attrs)
+    launch = resolve(LaunchSpec(args={"tensor_parallel_size": 4}), config.server)
+    sized = cap.for_job(config, launch, attrs)
     # 4 GPUs x 2,000 = 8,000 tok/s, 64 users at 5 ms = 12,800: 8,000 expected, 2x / 3,000
     assert sized.workload.processes == 6
 

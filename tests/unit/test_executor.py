@@ -24,6 +24,7 @@ from tuner.executor.local import LocalExecutor
 from tuner.executor.protocol import at_share, check_demands, node_share
 from tuner.schema import TrialStatus
 from tuner.search.launch import LaunchSpec
+from tuner.search.resolved import ResolvedLaunch, resolve
 from tuner.search.samplers import for_parallel, make_sampler
 from tuner.trial.outcome import TrialOutcome
 
@@ -41,7 +42,9 @@ def _gpu_config(**study: Any) -> TunerConfig:
 
 def test_a_trial_needs_its_parallel_sizes_in_gpus_and_its_processes_in_cores() -> None:
     config = _gpu_config()
-    launch = LaunchSpec(args={"tensor_parallel_size": 4, "pipeline_parallel_size": 2})
+    launch = resolve(
+        LaunchSpec(args={"tensor_parallel_size": 4, "pipeline_parallel_size": 2}), config.server
+    )
     # vLLM's API server, a worker per GPU, and the 2 client processes
     assert demand_of(config, launch) == Demand(gpus=8, cpus=1 + 8 + 2)
     assert demand_of(config, launch, cpus_per_gpu=4) == Demand(gpus=8, cpus=32)  # a node's share
@@ -117,16 +120,17 @@ def test_the_local_executor_runs_the_trial_in_wait(tmp_path: Path) -> None:
     calls: list[str] = []
 
     def trial(
-        config: TunerConfig, launch: LaunchSpec, paths: Any, trial_id: str, progress: Any
+        config: TunerConfig, launch: ResolvedLaunch, paths: Any, trial_id: str, progress: Any
     ) -> TrialOutcome:
         calls.append(trial_id)
         progress("hello")
-        return TrialOutcome(trial_id, TrialStatus.OK, ["vllm"], launch)
+        return TrialOutcome(trial_id, TrialStatus.OK, ["vllm"], launch.record())
 
     config = _gpu_config()
     config.server.cuda_visible_devices = "1,3"
     executor = LocalExecutor(config, trial, said.append)
-    job = TrialJob("s#0", "stage-0", config, LaunchSpec(), tmp_path, "[stage #0]", Demand(1, 3))
+    launch = resolve(LaunchSpec(), config.server)
+    job = TrialJob("s#0", "stage-0", config, launch, tmp_path, "[stage #0]", Demand(1, 3))
     assert executor.fits(job.demand)
     executor.submit(job)
     assert calls == [] and not executor.fits(job.demand)  # nothing runs before wait()

@@ -19,6 +19,7 @@ from tuner.errors import ConfigError
 from tuner.executor import TrialDevices
 from tuner.executor.remote import on_devices
 from tuner.search.launch import LaunchSpec
+from tuner.search.resolved import resolve
 from tuner.simulation import fake_nvml
 from tuner.telemetry import Telemetry
 from tuner.telemetry.nvml import NVML_MODULE_ENV, NvmlSampler, visible_uuids
@@ -96,10 +97,10 @@ def test_a_remote_trial_runs_on_its_assigned_devices() -> None:
     config = TunerConfig()
     config.server.device = "cuda"
     devices = TrialDevices("ray", cuda_visible_devices="4,5", cpus=[6, 7])
-    placed, _ = on_devices(config, LaunchSpec(), devices)
+    placed, _ = on_devices(config, resolve(LaunchSpec(), config.server), devices)
     assert placed.server.cuda_visible_devices == "4,5"
     assert config.server.cuda_visible_devices is None  # the driver's config is untouched
     config.server.device = "cpu"
-    bound = LaunchSpec(env={"VLLM_CPU_OMP_THREADS_BIND": "0|1"})
+    bound = resolve(LaunchSpec(env={"VLLM_CPU_OMP_THREADS_BIND": "0|1"}), config.server)
     _, moved = on_devices(config, bound, TrialDevices("ray", cpus=[6, 7]))
     assert moved.env["VLLM_CPU_OMP_THREADS_BIND"] == "6|7"  # the trial's cores, not 0 and 1

@@ -21,7 +21,7 @@ from tuner.executor import REASON_EXECUTOR_LOST, Demand, JobResult, TrialDevices
 from tuner.measurement.stats import Measurements, MetricStats
 from tuner.paths import TrialPaths
 from tuner.schema import Role, TrialAttr, TrialStatus, confirm_study
-from tuner.search.launch import LaunchSpec
+from tuner.search.resolved import ResolvedLaunch
 from tuner.study.decision.evaluation import Evaluator
 from tuner.study.loop.runner import StudyRunner
 from tuner.trial.outcome import TrialOutcome
@@ -30,9 +30,9 @@ GPUS = 8
 
 
 def table_trial(
-    config: TunerConfig, launch: LaunchSpec, paths: Any, trial_id: str, progress: Any = None
+    config: TunerConfig, launch: ResolvedLaunch, paths: Any, trial_id: str, progress: Any = None
 ) -> TrialOutcome:
-    tp = int(launch.args.get("tensor_parallel_size") or 1)
+    tp = int(launch.spec.args.get("tensor_parallel_size") or 1)
     stats = MetricStats(n=10, p50=1.0, p99=2.0)
     m = Measurements(
         ttft=stats,
@@ -53,7 +53,7 @@ def table_trial(
         mean_output_tokens=None,
         dispatch_lag_p99_s=None,
     )
-    outcome = TrialOutcome(trial_id, TrialStatus.OK, ["table"], launch, measurements=m)
+    outcome = TrialOutcome(trial_id, TrialStatus.OK, ["table"], launch.record(), measurements=m)
     outcome.write(paths.ensure().result_json)
     return outcome
 

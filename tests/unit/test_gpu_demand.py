@@ -19,7 +19,7 @@ from tuner.config import TunerConfig
 from tuner.plan.demand import host_gpus, over_host
 from tuner.schema import Role, TrialAttr
 from tuner.scoring.feasibility import meets
-from tuner.search.launch import LaunchSpec
+from tuner.search.resolved import ResolvedLaunch
 from tuner.study.decision.evaluation import Evaluator
 from tuner.study.loop.prescreen import Prescreen
 from tuner.study.loop.runner import StudyRunner
@@ -54,9 +54,9 @@ def test_a_tp8_pp2_candidate_on_an_8_gpu_host_is_screened_without_a_launch(
     launched: list[dict[str, Any]] = []
 
     def trial_fn(
-        cfg: TunerConfig, launch: LaunchSpec, paths: Any, trial_id: str, progress: Any = None
+        cfg: TunerConfig, launch: ResolvedLaunch, paths: Any, trial_id: str, progress: Any = None
     ) -> TrialOutcome:
-        launched.append(dict(launch.args))
+        launched.append(dict(launch.spec.args))
         return table_trial(cfg, launch, paths, trial_id, progress)
 
     said: list[str] = []

@@ -24,6 +24,7 @@ from tuner.schema import Role, TrialAttr, TrialStatus
 from tuner.scoring.feasibility import meets
 from tuner.search import space as search_space
 from tuner.search.launch import LaunchSpec
+from tuner.search.resolved import ResolvedLaunch
 from tuner.study.decision.evaluation import Evaluator
 from tuner.study.decision.stages import Incumbent, Stage
 from tuner.study.loop.prescreen import Prescreen, seeds_for
@@ -94,10 +95,10 @@ def test_a_point_that_cannot_fit_is_screened_unlaunched_and_the_best_go_first(
     launched: list[dict[str, Any]] = []
 
     def trial_fn(
-        cfg: TunerConfig, launch: LaunchSpec, paths: Any, trial_id: str, progress: Any = None
+        cfg: TunerConfig, launch: ResolvedLaunch, paths: Any, trial_id: str, progress: Any = None
     ) -> TrialOutcome:
-        launched.append(dict(launch.args))
-        return _outcome(launch, trial_id)
+        launched.append(dict(launch.spec.args))
+        return _outcome(launch.spec, trial_id)
 
     said: list[str] = []
     evaluator = Evaluator(config, "H200")

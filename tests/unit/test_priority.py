@@ -16,6 +16,7 @@ from tuner.loadgen.generator import Target
 from tuner.loadgen.locust import LocustLoadGenerator
 from tuner.loadgen.request import body
 from tuner.search.launch import LaunchSpec
+from tuner.search.resolved import resolve
 from tuner.server.backend import ServerInfo
 from tuner.study.state.fingerprint import fingerprint
 from tuner.testing.tiny_tokenizer import make_tiny_tokenizer
@@ -79,7 +80,8 @@ def test_the_launch_under_load_says_whether_priorities_are_sent(
         api_key = None
 
     info = ServerInfo(base_url="http://127.0.0.1:1", pid=1, startup_s=0.0)
-    target = _target(config, _Server(), info, LaunchSpec(args=launched))  # type: ignore[arg-type]
+    launch = resolve(LaunchSpec(args=launched), config.server)
+    target = _target(config, _Server(), info, launch)  # type: ignore[arg-type]
     assert target.by_priority is expected
 
 

@@ -20,7 +20,7 @@ from tuner.config import TunerConfig
 from tuner.paths import TrialPaths
 from tuner.quality import load_items
 from tuner.schema import Role, TrialAttr, stage_study
-from tuner.search.launch import LaunchSpec
+from tuner.search.resolved import ResolvedLaunch
 from tuner.study.decision.evaluation import Evaluator
 from tuner.study.loop.runner import StudyRunner
 from tuner.testing.grid_table import DEFAULTS, GROUPS, PARAMS, write_table
@@ -52,7 +52,7 @@ def _with_quality(lookup: Any) -> Any:
     trial writes them; every server answers the same tokens (no drop)."""
 
     def trial(
-        config: TunerConfig, launch: LaunchSpec, paths: TrialPaths, trial_id: str, **kw: Any
+        config: TunerConfig, launch: ResolvedLaunch, paths: TrialPaths, trial_id: str, **kw: Any
     ) -> TrialOutcome:
         outcome: TrialOutcome = lookup(config, launch, paths, trial_id, **kw)
         outputs = run(*(out(i, [1, 2, 3, 4], "x") for i in load_items(config.quality.prompts)))

@@ -8,10 +8,11 @@ import pytest
 
 from tuner.config import ServerConfig
 from tuner.errors import PreflightError
-from tuner.server import LaunchSpec, make_backend
+from tuner.search.launch import LaunchSpec
+from tuner.search.resolved import args_to_argv, resolve
 from tuner.server import backend as b
+from tuner.server import make_backend
 from tuner.server.vllm import (
-    args_to_argv,
     classify_failure,
     log_tail,
     root_cause,
@@ -43,9 +44,8 @@ def test_args_to_argv_booleans_lists_and_none() -> None:
 
 def _server(tmp_path: Path, **kw: object) -> object:
     cfg = ServerConfig(model=str(tmp_path), args={"max_num_seqs": 8}, env={"A": "1"}, **kw)  # type: ignore[arg-type]
-    return make_backend(
-        cfg, LaunchSpec(args={"max_num_seqs": 32}, env={"B": "2"}), tmp_path / "s.log"
-    )
+    launch = resolve(LaunchSpec(args={"max_num_seqs": 32}, env={"B": "2"}), cfg)
+    return make_backend(cfg, launch, tmp_path / "s.log")
 
 
 def test_argv_launch_overrides_fixed_args_and_never_contains_the_key(tmp_path: Path) -> None:
@@ -119,14 +119,14 @@ def test_preflight_rejects_missing_model_and_busy_port(tmp_path: Path) -> None:
 
     cfg = ServerConfig(model=str(tmp_path / "nope"))
     with pytest.raises(PreflightError, match="neither a local folder"):
-        make_backend(cfg, LaunchSpec(), tmp_path / "l").preflight()
+        make_backend(cfg, resolve(LaunchSpec(), cfg), tmp_path / "l").preflight()
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         sock.listen()
         port = sock.getsockname()[1]
         cfg = ServerConfig(model=str(tmp_path), port=port)
         with pytest.raises(PreflightError, match="already in use"):
-            make_backend(cfg, LaunchSpec(), tmp_path / "l").preflight()
+            make_backend(cfg, resolve(LaunchSpec(), cfg), tmp_path / "l").preflight()
 
 
 def test_pydantic_root_cause_carries_its_detail_line() -> None:

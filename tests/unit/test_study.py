@@ -219,7 +219,7 @@ class Scripted:
     def trial(
         self, config: Any, launch: Any, paths: Any, trial_id: str, progress: Any = None
     ) -> Any:
-        key = [launch.args.get(p) for p in self.params]
+        key = [launch.spec.args.get(p) for p in self.params]
         value = self.script[key[0] if len(key) == 1 else tuple(key)].pop(0)
         ok = value is not None
         tok, p99 = value if ok else (0.0, None)
@@ -238,7 +238,7 @@ class Scripted:
             100,
             0,
         )
-        return outcome_of(measured, launch, trial_id)
+        return outcome_of(measured, launch.record(), trial_id)
 
 
 def test_feasibility_is_judged_on_the_mean_of_the_repeats(tmp_path: Path) -> None:

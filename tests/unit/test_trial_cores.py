@@ -15,6 +15,7 @@ from tuner.executor.protocol import node_share
 from tuner.executor.remote import on_devices
 from tuner.host.placement import Placement, plan
 from tuner.search.launch import LaunchSpec
+from tuner.search.resolved import ResolvedLaunch, resolve
 
 NODE = Demand(gpus=8, cpus=32)  # a declared node: 8 GPUs, 32 cores
 
@@ -26,8 +27,8 @@ def _gpu_config(processes: int = 2) -> TunerConfig:
     return config
 
 
-def _tp(size: int) -> LaunchSpec:
-    return LaunchSpec(args={"tensor_parallel_size": size})
+def _tp(size: int) -> ResolvedLaunch:
+    return resolve(LaunchSpec(args={"tensor_parallel_size": size}), TunerConfig().server)
 
 
 def _claim(ledger: CoreLedger, owner: str, config: TunerConfig, demand: Demand) -> TrialCores:
@@ -95,7 +96,8 @@ def test_a_side_the_user_left_unpinned_stays_so() -> None:
 def test_a_cpu_servers_ranks_bind_to_the_servers_cores_only(tmp_path: Path) -> None:
     config = TunerConfig()
     config.server.device, config.workload.processes = "cpu", 1
-    launch = LaunchSpec(args={"tensor_parallel_size": 2}, env={"VLLM_CPU_OMP_THREADS_BIND": "0|1"})
+    spec = LaunchSpec(args={"tensor_parallel_size": 2}, env={"VLLM_CPU_OMP_THREADS_BIND": "0|1"})
+    launch = resolve(spec, config.server)
     demand = demand_of(config, launch)
     assert demand == Demand(0, 3)  # a core per rank and one for Locust
     ledger = CoreLedger(tmp_path / "node.json", cores=[10, 11, 12], slots=3)

@@ -13,6 +13,7 @@ from tuner.errors import ConfigError
 from tuner.executor.protocol import Demand, demand_of
 from tuner.search.checks import DEVICE_MULTIPLIERS
 from tuner.search.launch import LaunchSpec
+from tuner.search.resolved import resolve
 from tuner.search.space import choices_of
 
 AUTO = "auto"
@@ -22,7 +23,7 @@ def study_demands(config: TunerConfig, cpus_per_gpu: int = 0) -> list[Demand]:
     """The baseline's demand, then each device multiplier's values in the search space (on top
     of the fixed args): the trials the study will certainly ask for, at ``cpus_per_gpu`` (the
     executor's node share; see :func:`demand_of`)."""
-    demands = [demand_of(config, LaunchSpec(), cpus_per_gpu)]
+    demands = [demand_of(config, resolve(LaunchSpec(), config.server), cpus_per_gpu)]
     for specs in config.search_space.values():
         for param, spec in specs.items():
             name = spec.name or param
@@ -30,7 +31,7 @@ def study_demands(config: TunerConfig, cpus_per_gpu: int = 0) -> list[Demand]:
                 continue
             values = choices_of(spec) or [spec.low or 1, spec.high or 1]
             for value in values:
-                launch = LaunchSpec(args={name: int(value)})
+                launch = resolve(LaunchSpec(args={name: int(value)}), config.server)
                 demands.append(demand_of(config, launch, cpus_per_gpu))
     return demands
 

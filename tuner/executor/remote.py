@@ -29,7 +29,7 @@ from tuner.executor.guard import SCRATCH_PREFIX, TRIAL_DIR_ENV
 from tuner.executor.protocol import JobResult, TrialDevices, TrialFn, TrialJob
 from tuner.host.placement import AUTO, OMP_BIND_ENV, Placement
 from tuner.paths import TrialPaths
-from tuner.search.launch import LaunchSpec
+from tuner.search.resolved import ResolvedLaunch
 
 MAX_FILE_BYTES = 256 * 1024 * 1024  # a larger file stays behind (named in the outcome)
 # Run as a script: it needs psutil only, and tuner's package imports would cost it a second
@@ -92,10 +92,10 @@ def run_remote(job: TrialJob, trial_fn: TrialFn, queue: Any) -> Shipped:
 
 def on_devices(
     config: TunerConfig,
-    launch: LaunchSpec,
+    launch: ResolvedLaunch,
     devices: TrialDevices,
     sides: Placement | None = None,
-) -> tuple[TunerConfig, LaunchSpec]:
+) -> tuple[TunerConfig, ResolvedLaunch]:
     """The trial's config and launch on its devices: the server sees the assigned GPUs, the
     server and the load generator run on their ``sides`` of the trial's cores (a side set to
     ``all`` stays unpinned), and a CPU server's explicit thread binding moves onto the

@@ -13,12 +13,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tuner.config import ServerConfig
 from tuner.errors import ConfigError
 from tuner.redact import is_secret_name
 from tuner.review.stored import Choice, Review
-from tuner.search import checks as space_checks
 from tuner.search import space as search_space
-from tuner.server.vllm import args_to_argv
+from tuner.search.resolved import args_to_argv, resolve
 
 SERVE_HOST, SERVE_PORT = "0.0.0.0", 8000
 CONTAINER_MODEL_DIR = "/models"
@@ -93,8 +93,10 @@ def build_serve_spec(review: Review, choice: Choice) -> ServeSpec:
             hint="export needs the study folder written by `tuner run`: pass --studies-dir",
         )
     specs = search_space.flatten(review.config.get("search_space") or {})
-    launch = search_space.to_launch(choice.params, specs)
-    args = launch.resolved(server.get("args") or {})
+    # the stored server as far as the merge reads it: its fixed args
+    fixed = ServerConfig(args=dict(server.get("args") or {}))
+    launch = resolve(search_space.to_launch(choice.params, specs), fixed)
+    args = launch.flags
     env = {**(server.get("env") or {}), **launch.env}
     view = choice.trial
     process = (view.telemetry.get("process") or {}) if view else {}
@@ -104,7 +106,7 @@ def build_serve_spec(review: Review, choice: Choice) -> ServeSpec:
         args={k: v for k, v in args.items() if v is not None and _deployable(k)},
         env={k: str(v) for k, v in env.items() if not is_secret_name(k)},
         device=review.device,
-        devices=space_checks.devices_needed(args),
+        devices=launch.devices,
         vllm_version=str(review.fingerprint.get("vllm") or ""),
         launcher=list(server.get("launcher") or ["vllm", "serve", "{model}"]),
         served_model_name=server.get("served_model_name"),

@@ -37,7 +37,7 @@ from tuner.errors import ArtifactError
 from tuner.host.cpu import read_cpuinfo
 from tuner.loadgen.probe import ClientCapacity, probe
 from tuner.paths import client_capacity_file
-from tuner.search.checks import devices_needed
+from tuner.search.resolved import ResolvedLaunch
 
 # One process runs at no more than half its measured capacity: the notes saw the tail
 # distorted well before a process's core was full.
@@ -199,14 +199,14 @@ def after_window(
 
 def for_job(
     config: TunerConfig,
-    server_args: Mapping[str, Any],
+    launch: ResolvedLaunch,
     attrs: Mapping[str, Any],
     say: Callable[[str], None] | None = None,
 ) -> TunerConfig:
     """The config a trial's job runs with: its processes sized to the plan's estimate of this
-    trial (``attrs``, its user attrs), on the GPUs its ``server_args`` ask for. Sized before the
+    trial (``attrs``, its user attrs), on the GPUs its ``launch`` takes. Sized before the
     job is dispatched, since an executor gives the job cores by its processes."""
-    gpus = devices_needed(dict(server_args)) if config.server.device == "cuda" else 1
+    gpus = launch.devices if config.server.device == "cuda" else 1
     return sized(config, expected_from_plan(config, attrs, gpus), say)
 
 

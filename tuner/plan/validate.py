@@ -19,6 +19,7 @@ from typing import Any
 from tuner.config import ServerConfig
 from tuner.errors import PreflightError
 from tuner.search.launch import LaunchSpec
+from tuner.search.resolved import resolve
 from tuner.server import make_backend
 from tuner.server.vllm_engine_config import (
     ConfigProblem,
@@ -96,7 +97,7 @@ class ConfigValidator:
 
     def request(self, launch: LaunchSpec) -> tuple[list[str], dict[str, str]]:
         """The flags (with --model) and environment the server would get for ``launch``."""
-        argv = make_backend(self.server, launch, Path(os.devnull)).argv()
+        argv = make_backend(self.server, resolve(launch, self.server), Path(os.devnull)).argv()
         flags = argv[len(self.server.launcher) :]
         if "--model" not in flags:  # a positional launcher (`vllm serve {model}`)
             flags = ["--model", self.server.model, *flags]

@@ -17,13 +17,13 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from tuner.config import CheckConfig
+from tuner.config import CheckConfig, ServerConfig
 from tuner.review.diagnosis import diagnose
 from tuner.review.slos import HandoverSlos, handover_slos, summary_line
 from tuner.review.stored import Choice, Review, TrialView
 from tuner.schema import Role
-from tuner.search.checks import devices_needed
 from tuner.search.launch import LaunchSpec
+from tuner.search.resolved import resolve
 from tuner.study.decision.noise import NoiseEstimate
 
 LATENCIES = ("ttft", "tpot", "itl", "e2e")
@@ -166,9 +166,9 @@ def check_reference(review: Review, choice: Choice) -> dict[str, Any]:
         "cpus": review.cores,
         "device": review.device,
         # what a GPU deployment's cost is billed on: one server's GPUs and their model
-        "gpus": devices_needed(
-            LaunchSpec(args=dict(choice.params)).resolved(server.get("args") or {})
-        ),
+        "gpus": resolve(
+            LaunchSpec(args=dict(choice.params)), ServerConfig(args=dict(server.get("args") or {}))
+        ).devices,
         "gpu_model": next(iter((review.fingerprint.get("hardware") or {}).get("gpus") or []), ""),
         "min_gain": (config.get("study") or {}).get("min_gain", 0.0),
         "samples": {n: values(fresh, n) for n in review.objectives},

@@ -1,11 +1,11 @@
 """What one server launch adds to the fixed server config: vLLM flags and environment variables.
 
-Produced by :mod:`tuner.search.space` from trial params, consumed by :mod:`tuner.server`.
+Produced by :mod:`tuner.search.space` from trial params; resolved against the server's fixed
+settings by :func:`tuner.search.resolved.resolve`, and stored as is in a trial's result.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -16,11 +16,6 @@ class LaunchSpec:
 
     args: dict[str, Any] = field(default_factory=dict)
     env: dict[str, str] = field(default_factory=dict)
-    # CPUs the server's processes may run on; None = not pinned (set per trial by the placement)
+    # CPUs the server's processes were pinned to; None = not pinned. A result stores them
+    # here (ResolvedLaunch.record); a caller that pins a server itself may set them too.
     cpus: list[int] | None = None
-
-    def resolved(self, fixed: Mapping[str, Any]) -> dict[str, Any]:
-        """Every flag this launch runs: the server's fixed args with the launch's own on top.
-        The one place the two meet, so the server, the plan, the executor, the client and the
-        export read the same launch."""
-        return {**fixed, **self.args}

@@ -14,7 +14,7 @@ from types import TracebackType
 from typing import Protocol
 
 from tuner.config import ServerConfig
-from tuner.search.launch import LaunchSpec
+from tuner.search.resolved import ResolvedLaunch
 
 # Failure reasons a trial can report (also stored in Optuna user attrs).
 REASON_OOM = "out_of_memory"
@@ -88,7 +88,7 @@ class ServerBackend(Protocol):
 
 class BackendFactory(Protocol):
     def __call__(
-        self, config: ServerConfig, launch: LaunchSpec, log_path: Path
+        self, config: ServerConfig, launch: ResolvedLaunch, log_path: Path
     ) -> ServerBackend: ...
 
 

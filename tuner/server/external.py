@@ -23,8 +23,9 @@ import requests
 
 from tuner.config import ServerConfig, check_http_url
 from tuner.errors import PreflightError, ServerDiedError, ServerStartError
+from tuner.search.resolved import ResolvedLaunch
 from tuner.server import backend
-from tuner.server.backend import LaunchSpec, ServerInfo
+from tuner.server.backend import ServerInfo
 
 API_KEY_ENV = "VLLM_API_KEY"
 REASON_UNAUTHORIZED = "unauthorized"
@@ -67,7 +68,7 @@ def completion_status(url: str, api_key: str | None, model: str) -> int:
 class ExternalServer:
     """An endpoint that someone else runs: measured, never started, stopped or signalled."""
 
-    def __init__(self, config: ServerConfig, launch: LaunchSpec, log_path: Path) -> None:
+    def __init__(self, config: ServerConfig, launch: ResolvedLaunch, log_path: Path) -> None:
         self.config = config
         self.launch = launch
         self.log_path = log_path
@@ -97,7 +98,7 @@ class ExternalServer:
 
     def preflight(self) -> None:
         check_http_url(self.config.url or "", "server.url")
-        flags = [*self.config.args, *self.launch.args, *self.launch.env]
+        flags = [*self.launch.flags, *self.launch.env]
         if flags:
             raise PreflightError(
                 "server=external measures a running endpoint as it is: it cannot apply "

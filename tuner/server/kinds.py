@@ -13,7 +13,8 @@ from pathlib import Path
 
 from tuner.config import ServerConfig
 from tuner.errors import ConfigError
-from tuner.server.backend import BackendFactory, HostSetup, LaunchSpec, ServerBackend
+from tuner.search.resolved import ResolvedLaunch
+from tuner.server.backend import BackendFactory, HostSetup, ServerBackend
 from tuner.server.external import ExternalServer
 from tuner.server.simulated import SimulatedGpuServer, simulated_host
 from tuner.server.vllm import VllmServer
@@ -57,7 +58,7 @@ def prepare_host(config: ServerConfig) -> None:
         found.host(config)
 
 
-def make_backend(config: ServerConfig, launch: LaunchSpec, log_path: Path) -> ServerBackend:
+def make_backend(config: ServerConfig, launch: ResolvedLaunch, log_path: Path) -> ServerBackend:
     """Build the backend named by ``config.kind``."""
     found = KINDS.get(config.kind)
     if found is None:

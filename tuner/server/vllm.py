@@ -11,7 +11,6 @@ import secrets
 import subprocess
 import sys
 import time
-from collections.abc import Mapping
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -21,8 +20,9 @@ import requests
 from tuner.config import ServerConfig
 from tuner.errors import PreflightError, ServerDiedError, ServerError, ServerStartError
 from tuner.host.children import free_port, port_is_free, reap, spawn, wait_port_free
+from tuner.search.resolved import ResolvedLaunch, args_to_argv
 from tuner.server import amx, backend
-from tuner.server.backend import LaunchSpec, ServerInfo
+from tuner.server.backend import ServerInfo
 from tuner.server.vllm_parser import vllm_version
 
 # Log patterns -> failure reason, first match wins; OOM before engine-init because an OOM
@@ -57,26 +57,6 @@ ROOT_CAUSE_RE = re.compile(r"\b([A-Z]\w*(?:Error|Exception)): (.+)")
 # argparse's last line after its usage text: "api_server.py: error: argument --x: invalid ..."
 ARGPARSE_ERROR_RE = re.compile(r"^\S+: error: (.+)$", re.MULTILINE)
 LOG_TAIL_LINES = 40
-
-
-def flag(name: str) -> str:
-    return "--" + name.replace("_", "-")
-
-
-def args_to_argv(args: Mapping[str, Any]) -> list[str]:
-    """vLLM flags from a name->value mapping: True -> --x, False -> --no-x, None -> omitted."""
-    argv: list[str] = []
-    for name, value in args.items():
-        if value is None:
-            continue
-        if isinstance(value, bool):
-            argv.append(flag(name) if value else "--no-" + name.replace("_", "-"))
-        elif isinstance(value, list | tuple):
-            argv.append(flag(name))
-            argv.extend(str(v) for v in value)
-        else:
-            argv.extend([flag(name), str(value)])
-    return argv
 
 
 def log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
@@ -141,7 +121,7 @@ def _is_cached_hub_model(model: str) -> bool:
 class VllmServer:
     """One vLLM server process: argv, environment, readiness, failure classification, reaping."""
 
-    def __init__(self, config: ServerConfig, launch: LaunchSpec, log_path: Path) -> None:
+    def __init__(self, config: ServerConfig, launch: ResolvedLaunch, log_path: Path) -> None:
         self.config = config
         self.launch = launch
         self.log_path = log_path
@@ -188,7 +168,9 @@ class VllmServer:
         if self.config.served_model_name:
             args["served_model_name"] = self.config.served_model_name
         args.update({"host": self.config.host, "port": self._port})
-        args.update(self.launch.resolved(self.config.args))
+        # merged as a dict, not appended: a resolved flag that names one of these replaces it
+        # in place rather than repeating it
+        args.update(self.launch.flags)
         return launcher + args_to_argv(args)
 
     def environment(self) -> dict[str, str]:

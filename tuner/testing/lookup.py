@@ -31,6 +31,7 @@ from tuner.plan.planner import Planner
 from tuner.schema import StudyAttr, TrialStatus
 from tuner.scoring.confidence import confidently_met, undecided
 from tuner.search.launch import LaunchSpec
+from tuner.search.resolved import ResolvedLaunch
 from tuner.study.decision.acceptance import Decision
 from tuner.study.decision.evaluation import Evaluator
 from tuner.study.loop.prescreen import Prescreen
@@ -108,12 +109,16 @@ def lookup_trials(land: Landscape, rng: np.random.Generator, launches: list[Laun
     """A trial function for StudyRunner that looks the launch up in the table."""
 
     def lookup_trial(
-        config: TunerConfig, launch: LaunchSpec, paths: Any, trial_id: str, progress: Any = None
+        config: TunerConfig,
+        launch: ResolvedLaunch,
+        paths: Any,
+        trial_id: str,
+        progress: Any = None,
     ) -> TrialOutcome:
-        key = land.key(launch.args)
+        key = land.key(launch.spec.args)  # the table is keyed by the candidate's own flags
         measured = land.draw(key, rng)
         launches.append(Launch(trial_id.rsplit("-", 1)[0], key, measured))
-        return outcome_of(measured, launch, trial_id)
+        return outcome_of(measured, launch.record(), trial_id)
 
     return lookup_trial
 

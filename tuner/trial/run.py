@@ -27,7 +27,7 @@ from tuner.measurement.stats import Measurements, event_rate, measure, span_mean
 from tuner.paths import TrialPaths
 from tuner.quality import run_quality_set
 from tuner.schema import TrialStatus
-from tuner.search.launch import LaunchSpec
+from tuner.search.resolved import ResolvedLaunch
 from tuner.server import ServerBackend, ServerInfo, make_backend
 from tuner.server.backend import REASON_DIED_DURING_LOAD
 from tuner.telemetry import Telemetry, TelemetrySummary
@@ -71,7 +71,7 @@ class _Clock:
 
 def run_trial(
     config: TunerConfig,
-    launch: LaunchSpec,
+    launch: ResolvedLaunch,
     paths: TrialPaths,
     trial_id: str,
     progress: Progress = lambda _msg: None,
@@ -84,7 +84,7 @@ def run_trial(
     launch = replace(launch, cpus=list(place.server) if place.server else None)
     rerun = _ClientRerun(config, launch, place)
     server = make_backend(config.server, launch, paths.server_log)
-    outcome = TrialOutcome(trial_id, TrialStatus.FAILED, server.argv(), launch)
+    outcome = TrialOutcome(trial_id, TrialStatus.FAILED, server.argv(), launch.record())
     outcome.folder = str(paths.root)
     outcome.placement = TrialPlacement(place.server, place.client)
     try:
@@ -162,7 +162,7 @@ class _ClientRerun:
     up (:func:`tuner.loadgen.client_capacity.after_window`): a window that measured the client is
     set aside (its folder renamed) and never scored. The server stays up between windows."""
 
-    def __init__(self, config: TunerConfig, launch: LaunchSpec, place: placement.Placement):
+    def __init__(self, config: TunerConfig, launch: ResolvedLaunch, place: placement.Placement):
         self.config, self.launch, self.place = config, launch, place
         self.client_cpus: list[int] = []
         self.notes: list[str] = []
@@ -242,7 +242,7 @@ def _compare_clocks(
 
 def _load(
     config: TunerConfig,
-    launch: LaunchSpec,
+    launch: ResolvedLaunch,
     server: ServerBackend,
     info: ServerInfo,
     client_cpus: tuple[int, ...] | None,
@@ -318,11 +318,14 @@ def _plan_ahead(config: TunerConfig) -> threading.Thread:
 
 
 def _target(
-    config: TunerConfig, server: ServerBackend, info: ServerInfo, launch: LaunchSpec | None = None
+    config: TunerConfig,
+    server: ServerBackend,
+    info: ServerInfo,
+    launch: ResolvedLaunch | None = None,
 ) -> Target:
     """The server as the client sees it; ``launch``: the one under load, whose scheduling
     policy says whether the classes' priorities are sent (the quality set sends none)."""
-    policy = launch.resolved(config.server.args).get(SCHEDULING_POLICY) if launch else None
+    policy = launch.flags.get(SCHEDULING_POLICY) if launch else None
     return Target(
         base_url=info.base_url,
         api_key=server.api_key,

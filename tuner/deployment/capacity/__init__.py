@@ -39,8 +39,8 @@ from tuner.plan.sizing import (
     write_capacity,
 )
 from tuner.review.stored import Choice, Review, open_review
-from tuner.search import checks as space_checks
 from tuner.search import space as search_space
+from tuner.search.resolved import ResolvedLaunch, resolve
 
 Progress = Callable[[str], None]
 DEFAULT_START_RPS = 1.0
@@ -118,7 +118,8 @@ def capacity_command(request: CapacityRequest, progress: Progress) -> int:
     simulated = review.simulated
     if simulated:  # first on the terminal too: the progress lines come before the result
         progress(simulated)
-    launch = search_space.to_launch(choice.params, search_space.flatten(config.search_space))
+    specs = search_space.flatten(config.search_space)
+    launch = resolve(search_space.to_launch(choice.params, specs), config.server)
     folder = review.paths.root / CAPACITY_DIR
     start = _start_rate(request, choice)
     progress(f"capacity of {choice.label}: starting its server, then rates from {start:.3g} req/s")
@@ -131,7 +132,7 @@ def capacity_command(request: CapacityRequest, progress: Progress) -> int:
         )
         found = search.run()
         cpus = served.server_cpus
-    record = _record(review, choice, config, found, launch.resolved(config.server.args))
+    record = _record(review, choice, config, found, launch)
     if request.target_rps is not None and found.max_rps > 0:
         record.sizing = _sizing(request, review, config, record, cpus)
     path = _write(review.paths.root, record, simulated)
@@ -142,9 +143,9 @@ def capacity_command(request: CapacityRequest, progress: Progress) -> int:
 
 
 def _record(
-    review: Review, choice: Choice, config: TunerConfig, found: SweepResult, args: dict[str, object]
+    review: Review, choice: Choice, config: TunerConfig, found: SweepResult, launch: ResolvedLaunch
 ) -> CapacityRecord:
-    devices = space_checks.devices_needed(args) if config.server.device == "cuda" else 0
+    devices = launch.devices if config.server.device == "cuda" else 0
     slo = {
         "p99_ttft_s": config.slo.p99_ttft_s,
         "p99_tpot_s": config.slo.p99_tpot_s,

@@ -21,7 +21,7 @@ from tuner.loadgen import LocustLoadGenerator, Target
 from tuner.measurement.records import read_records
 from tuner.measurement.stats import measure
 from tuner.plan.sizing import CapacityStep
-from tuner.search.launch import LaunchSpec
+from tuner.search.resolved import ResolvedLaunch
 from tuner.server import ServerBackend, ServerInfo, make_backend
 
 MIN_DRAIN_S = 10.0
@@ -43,7 +43,7 @@ def rate_workload(base: WorkloadConfig, rate: float, window_s: float | None) -> 
 class ServedConfig:
     """The chosen configuration's server, up for the whole search (a context manager)."""
 
-    def __init__(self, config: TunerConfig, launch: LaunchSpec, folder: Path) -> None:
+    def __init__(self, config: TunerConfig, launch: ResolvedLaunch, folder: Path) -> None:
         self.config = config
         self.folder = folder
         self.place = placement.for_trial(config, launch.env)

@@ -22,7 +22,7 @@ from tuner.quality import context_excess, quality_attrs
 from tuner.schema import TrialAttr, TrialStatus, class_metric_attr, metric_attr
 from tuner.scoring import objective as obj
 from tuner.scoring.feasibility import meets
-from tuner.search.checks import devices_needed
+from tuner.search.resolved import resolve
 from tuner.server import LaunchSpec
 from tuner.trial.outcome import TrialOutcome
 
@@ -145,7 +145,7 @@ class Evaluator:
             cost=cfg.cost,
             slo=cfg.slo,
             device=cfg.server.device,
-            gpus_used=devices_needed(LaunchSpec(args=dict(params)).resolved(cfg.server.args)),
+            gpus_used=resolve(LaunchSpec(args=dict(params)), cfg.server).devices,
             gpu_model=self.gpu_model,
             cpus=len((outcome.placement.server or ()) if outcome else ()),
             energy_j=gpu.get("energy_j"),

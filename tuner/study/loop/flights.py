@@ -29,6 +29,7 @@ from tuner.paths import StudyPaths
 from tuner.schema import TrialAttr, TrialStatus
 from tuner.search import space as search_space
 from tuner.search.launch import LaunchSpec
+from tuner.search.resolved import ResolvedLaunch, resolve
 from tuner.study.decision.evaluation import Evaluated
 from tuner.study.state.storage import Heartbeat, trial_id
 
@@ -126,18 +127,22 @@ class Flights:
     def launch_of(self, params: dict[str, Any]) -> LaunchSpec:
         return search_space.to_launch(params, self.specs)
 
+    def resolved_of(self, params: dict[str, Any]) -> ResolvedLaunch:
+        """The launch of ``params`` on this study's server: resolved here, once per trial."""
+        return resolve(self.launch_of(params), self.config.server)
+
     def fits(self, params: dict[str, Any]) -> bool:
-        return self.executor.fits(demand_of(self.config, self.launch_of(params)))
+        return self.executor.fits(demand_of(self.config, self.resolved_of(params)))
 
     def start(self, want: Want, trial: optuna.Trial) -> Flight:
         """Submit ``trial`` (asked already) to the executor, under a storage heartbeat."""
-        launch = self.launch_of(want.params)
+        launch = self.resolved_of(want.params)
         name = f"{want.label}-{trial.number}"
         prefix = f"[{want.label} #{trial.number}]"
         # The client's processes carry the trial's expected token events (the plan's estimate)
         config = client_capacity.for_job(
             self.config,
-            launch.resolved(self.config.server.args),
+            launch,
             trial.user_attrs,
             lambda line: self.say(f"{prefix} {line}"),
         )
@@ -151,7 +156,7 @@ class Flights:
             demand=demand_of(config, launch),
         )
         beat = Heartbeat(self.storage, trial_id(self.storage, trial.study, trial.number))
-        flight = Flight(want, trial, launch, job, beat.__enter__())
+        flight = Flight(want, trial, launch.spec, job, beat.__enter__())
         self.active[job.key] = flight
         self.executor.submit(job)
         return flight

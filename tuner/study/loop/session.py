@@ -25,8 +25,8 @@ from tuner.scoring.confidence import SloClaim, SloStatus, shown
 from tuner.scoring.objective import class_of_slo
 from tuner.search import checks as space_checks
 from tuner.search import space as search_space
+from tuner.search.resolved import args_to_argv, resolve
 from tuner.server import LaunchSpec, make_backend
-from tuner.server.vllm import args_to_argv
 from tuner.server.vllm_parser import check_argvs, vllm_flags, vllm_version
 from tuner.study.decision.evaluation import Evaluator
 from tuner.study.decision.stages import StudyResult, spec_text
@@ -72,7 +72,7 @@ class Session:
                 f"search_space has params that vLLM does not accept: {', '.join(unknown)}",
                 hint="use vLLM flag names with underscores, e.g. max_num_seqs",
             )
-        backend = make_backend(cfg.server, LaunchSpec(), Path(os.devnull))
+        backend = make_backend(cfg.server, resolve(LaunchSpec(), cfg.server), Path(os.devnull))
         _check_flags(python, _flag_part(backend.argv(), cfg), cfg)
         prescreen.preflight()
         self.runner.prescreen = prescreen
@@ -273,6 +273,7 @@ def _check_flags(python: str, flags: list[str], config: TunerConfig) -> None:
         for v in search_space.choices_of(s) or []
         if v is not None
     ]
+    # each value's own flag after the fixed ones, not merged: vLLM's parser reads the last
     argvs = [[*flags, *args_to_argv(search_space.to_launch({p: v}, specs).args)] for p, v in tried]
     fixed, *errors = check_argvs(python, [flags, *argvs])
     if fixed:
@@ -333,7 +334,8 @@ def _open(
         config, evaluator, fp, progress, rebaseline, on_launch=on_launch, executor=executor
     )
     check_url(runner.storage_url)
-    backend = make_backend(config.server, LaunchSpec(), Path(os.devnull))
+    baseline = resolve(LaunchSpec(), config.server)
+    backend = make_backend(config.server, baseline, Path(os.devnull))
     backend.preflight()  # model folder, port: milliseconds, so even --dry-run checks them
     baseline_argv = backend.argv()
     return Session(config, runner, baseline_argv, device_count)

@@ -258,9 +258,9 @@ class StageSearch:
         """A proposal no alive node can hold now (nodes were lost): failed like a lost trial."""
         trial, name = proposal.trial, self.stage.name
         want = Want(self.study, name, proposal.params, Role.SEARCH)
-        launch = self.flights.launch_of(proposal.params)
+        launch = self.flights.resolved_of(proposal.params)
         demand = demand_of(self.flights.config, launch)
-        outcome = TrialOutcome(f"{name}-{trial.number}", TrialStatus.FAILED, [], launch)
+        outcome = TrialOutcome(f"{name}-{trial.number}", TrialStatus.FAILED, [], launch.spec)
         largest = self.flights.executor.largest_node().text()
         outcome.fail(
             REASON_EXECUTOR_LOST,
