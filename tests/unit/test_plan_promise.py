@@ -6,6 +6,7 @@ The estimates are the real estimator's (AIConfigurator, offline); the trials are
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 from typing import Any
 
 import optuna
@@ -14,6 +15,8 @@ import pytest
 from tuner.composition import compose
 from tuner.plan.planner import Planner
 from tuner.schema import TrialAttr, TrialStatus
+from tuner.scoring.confidence import SloClaim
+from tuner.study.decision.acceptance import Decision
 from tuner.study.decision.stages import Incumbent, StudyResult
 from tuner.study.loop.promise import contradiction_lines, nearest_launch, promised
 
@@ -84,3 +87,33 @@ def test_the_summary_names_the_launch_that_contradicted_the_estimate(planner: Pl
     assert shown[1] == lines[1]
     # no launch near it: said so
     assert "no launch" in contradiction_lines(promise, [], StudyResult(base, base), NAMES)[-1]
+
+
+def test_a_winner_on_the_way_that_its_repeats_kept_out_is_named(planner: Planner) -> None:
+    """The flagship rehearsal: the quantization stage's FP8 winner read 1 % over the TTFT limit
+    on the mean of its repeats, undecided, so the stage kept bf16 and the parallelism stage
+    never searched FP8 at a smaller TP. The summary names those repeats, not only the nearest
+    launch's own window."""
+    config = planner.config
+    specs = {p: s for group in config.search_space.values() for p, s in group.items()}
+    promise = promised(planner, specs, config.slo, "output_throughput_per_gpu", 0.02)
+    assert promise is not None
+    point = dict(promise.best.params)
+    step = {"quantization": point["quantization"]}
+    near = _trial(1, step, {"slo_p99_ttft": -0.1})
+    claim = SloClaim("slo_p99_ttft", 0.01, 0.08, 0.45, 0.9, 5, 0.17, 8)
+    decision = Decision("quantization", "output_throughput_per_gpu", "maximize", False, "")
+    kept_out = replace(decision, candidate_trial=1, candidate_params=step, candidate_slos=[claim])
+    base = Incumbent({}, [353.0], {}, "baseline", [353.0])
+    lines = contradiction_lines(promise, [near], StudyResult(base, base, [kept_out]), NAMES)
+    assert "met the SLOs in its window but read" in lines[1]
+    assert lines[2] == (
+        f"    the quantization stage's winner {step} (trial 1), a step toward that point: its "
+        f"repeats read {claim.text()}; the stage kept its incumbent, so no later stage searched "
+        "from it"
+    )
+    # a winner whose repeats met every SLO, or one that leads elsewhere, is not named
+    met = replace(claim, mean=-0.2, bound=-0.1, confidence=0.99)
+    for other in (replace(kept_out, candidate_slos=[met]), replace(kept_out, candidate_params={})):
+        shown = contradiction_lines(promise, [near], StudyResult(base, base, [other]), NAMES)
+        assert len(shown) == 2

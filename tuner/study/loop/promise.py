@@ -21,6 +21,7 @@ from tuner.config import ParamSpec, SloConfig
 from tuner.plan.planner import Planner
 from tuner.plan.table import PlannedPoint
 from tuner.schema import TrialAttr
+from tuner.scoring.confidence import SloStatus
 from tuner.scoring.feasibility import meets
 from tuner.study.decision.stages import StudyResult, measured_ok
 from tuner.study.loop.prescreen import rank_for
@@ -86,7 +87,8 @@ def contradiction_lines(
 ) -> list[str]:
     """What the summary says when a study keeps its baseline against the plan's promise, or
     hands over another point than the one promised (a rehearsal at TP 8 where the plan said
-    TP 2): the measurement that contradicted the estimate."""
+    TP 2): the measurement that contradicted the estimate, and the stage winners on the way
+    to that point that the repeats kept out."""
     final = result.final
     if final.source == result.baseline.source:
         lines = [f"  {promise.text()}; the study kept the baseline:"]
@@ -97,6 +99,13 @@ def contradiction_lines(
     trial = nearest_launch(promise.best.params, trials)
     if trial is None:
         return [*lines, "    no launch of the study came near that point"]
+    return [*lines, _nearest_line(promise, trial, result, names), *_kept_out(promise, result)]
+
+
+def _nearest_line(
+    promise: Promise, trial: FrozenTrial, result: StudyResult, names: Sequence[str]
+) -> str:
+    """What the launch nearest the promised point read, against the SLOs and the baseline."""
     full = trial.user_attrs.get(TrialAttr.PARAMS_ALL) or trial.params
     exact = all(full.get(k) == v for k, v in promise.best.params.items())
     where = "that point" if exact else f"the nearest point it launched, {full}"
@@ -104,16 +113,35 @@ def contradiction_lines(
     head = f"    the study measured {where} ({label} trial {trial.number}): "
     if not measured_ok(trial):
         reason = trial.user_attrs.get(TrialAttr.FAILURE_REASON, "failed")
-        return [*lines, f"{head}it failed ({reason}), where the plan said it fits"]
+        return f"{head}it failed ({reason}), where the plan said it fits"
     missed = {n: v for n, v in trial.constraints.items() if v > 0}
     if missed:
         over = ", ".join(f"{n} over by {v:.0%}" for n, v in sorted(missed.items()))
-        return [*lines, f"{head}{over}: that measurement contradicts the estimate"]
+        return f"{head}{over}: that measurement contradicts the estimate"
     values = ", ".join(f"{n} {v:.4g}" for n, v in zip(names, trial.values, strict=False))
     base = ", ".join(f"{v:.4g}" for v in result.baseline.values)
     feasible = "met the SLOs" if meets(trial.constraints) else "missed an SLO"
-    return [
-        *lines,
-        f"{head}{feasible} but read {values} against the baseline's ({base}): no gain beyond "
-        "the noise there",
-    ]
+    return (
+        f"{head}{feasible} in its window but read {values} against the baseline's ({base}): "
+        "no gain beyond the noise there"
+    )
+
+
+def _kept_out(promise: Promise, result: StudyResult) -> list[str]:
+    """The stage winners on the way to the promised point (each sets a param to its promised
+    value) whose repeats did not show every SLO met. A stage that keeps its incumbent leaves
+    its winner out of every later stage, so the point it leads to is never launched: the
+    repeats, not one search window, are what kept the study from it."""
+    lines = []
+    for d in result.decisions:
+        short = [c for c in d.candidate_slos if c.status != SloStatus.MET]
+        toward = any(promise.best.params.get(k) == v for k, v in d.candidate_params.items())
+        if d.accepted or not short or not toward:
+            continue
+        said = "; ".join(c.text() for c in short)
+        lines.append(
+            f"    the {d.stage} stage's winner {d.candidate_params} (trial {d.candidate_trial}), "
+            f"a step toward that point: its repeats read {said}; the stage kept its incumbent, "
+            "so no later stage searched from it"
+        )
+    return lines
