@@ -220,7 +220,7 @@ def _screened_run(
     runner = StudyRunner(config, evaluator, {"t": 1}, lambda _line: None, trial_fn=trial_fn)
     runner.prescreen = Prescreen(config, evaluator, lambda _line: None, validator)
     if server_values:
-        runner.canonical.server_values = runner.prescreen.server_values
+        runner.as_run.server_values = runner.prescreen.server_values
     runner.run()
     return runner, launched
 

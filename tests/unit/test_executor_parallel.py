@@ -1,5 +1,5 @@
 """The driver's side of parallel trials, on a virtual clock: the real StudyRunner, samplers,
-storage and stage loop (tuner/study/loop/stage_search.py, flights.py), with an executor
+storage and stage loop (tuner/study/loop/stage_search.py, running_trials.py), with an executor
 that runs each trial instantly and finishes them in the order their table durations say.
 Ray's own placement is tested for real in tests/integration/test_ray_*.py; here the driver's
 decisions are: what it asks when, what it lets start, what it records for a lost or

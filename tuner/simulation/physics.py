@@ -21,7 +21,7 @@ from tuner.plan.estimate import Estimator, Fit, PlanPoint, PointEstimate
 from tuner.plan.system import backend_version, resolve_model
 
 # vLLM's defaults on a GPU of 80 GB or more, for a flag the launch leaves out (vLLM's own
-# config builder picks these for the OpenAI server; tuner.study.state.canonical says why it
+# config builder picks these for the OpenAI server; tuner.study.state.params_as_run says why it
 # matters).
 DEFAULT_MAX_NUM_SEQS = 1024
 DEFAULT_BATCHED_TOKENS = 8192

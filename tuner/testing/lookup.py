@@ -217,7 +217,7 @@ def run_study(
         runner = StudyRunner(config, Evaluator(config), {"replay": seed}, quiet, trial_fn=lookup)
         # What vLLM's config builder tells a real study: a param left out runs the table's
         # default (the launch the table measured for it).
-        runner.canonical.server_values = lambda params, _specs: land.params_of(land.key(params))
+        runner.as_run.server_values = lambda params, _specs: land.params_of(land.key(params))
         if s.prescreen:  # what Session.open attaches; no vLLM config check without vLLM's GPU
             runner.prescreen = Prescreen(config, runner.evaluator, quiet, None, Planner(config))
         with count_fallbacks() as fallbacks:

@@ -143,7 +143,7 @@ def re_measured(decision: Decision) -> dict[int, dict[str, float]]:
 
 
 @dataclass
-class Following:
+class FollowedLead:
     """The lead the stages search around, if any, and for how many stages so far."""
 
     lead: Incumbent | None = None

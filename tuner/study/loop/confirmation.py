@@ -47,12 +47,12 @@ from tuner.study.decision.acceptance import (
 from tuner.study.decision.evaluation import Evaluated, Evaluator
 from tuner.study.decision.noise import NoiseEstimate, NoisePool, WindowPool
 from tuner.study.decision.stages import Incumbent, Repeats, Stage, measured_ok, stage_winner
-from tuner.study.loop.flights import Want
+from tuner.study.loop.running_trials import PendingMeasurement
 from tuner.study.state.stored_stage import StoredStage
 
 NOTHING_BEAT = "no feasible trial beat the incumbent"
 # Measurements (side by side where the executor has the slots) -> each evaluated, told already
-MeasureFn = Callable[[list[Want]], list[Evaluated]]
+MeasureFn = Callable[[list[PendingMeasurement]], list[Evaluated]]
 Judged = Callable[[Repeats], list[dict[str, float]]]  # the windows a side's SLOs are judged on
 
 
@@ -348,7 +348,9 @@ class Confirmation:
             of = self.config.study.repeats if rnd < self.config.study.repeats else "undecided"
             note = f"stage {stage}: confirm round {rnd + 1}/{of}: {role}"
             attrs = {TrialAttr.CONFIRM_TAG: tag}
-            wants.append(Want(confirm, confirm_label(stage), params, role, attrs, note))
+            wants.append(
+                PendingMeasurement(confirm, confirm_label(stage), params, role, attrs, note)
+            )
             results.append(None)
         measured = iter(self.measure(wants) if wants else [])
         return [r if r is not None else next(measured) for r in results]

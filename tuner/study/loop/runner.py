@@ -33,7 +33,7 @@ from tuner.search.samplers import make_sampler
 from tuner.server.kinds import served_by
 from tuner.study.decision.acceptance import Decision
 from tuner.study.decision.evaluation import Evaluated, Evaluator
-from tuner.study.decision.lead import Following, next_lead
+from tuner.study.decision.lead import FollowedLead, next_lead
 from tuner.study.decision.stages import (
     Incumbent,
     Stage,
@@ -47,11 +47,16 @@ from tuner.study.decision.stages import (
 from tuner.study.loop.budget import BudgetHook, LaunchBudget, modelled_extra, planned_launches
 from tuner.study.loop.confirmation import Confirmation
 from tuner.study.loop.failure_budget import FailureBudget
-from tuner.study.loop.flights import Flight, Flights, Want, record_lost
 from tuner.study.loop.prescreen import Prescreen
+from tuner.study.loop.running_trials import (
+    PendingMeasurement,
+    RunningTrial,
+    RunningTrials,
+    record_lost,
+)
 from tuner.study.loop.stage_search import SearchTools, StageSearch
-from tuner.study.state.canonical import Canonical
 from tuner.study.state.fingerprint import digest
+from tuner.study.state.params_as_run import ParamsAsRun
 from tuner.study.state.reference import QualityReference
 from tuner.study.state.resume import check_resumed, open_study
 from tuner.study.state.storage import open_storage
@@ -87,7 +92,7 @@ class StudyRunner:
         self.paths = StudyPaths.for_study(config.studies_dir, config.name)
         self.stages = plan_stages(config)
         self.all_specs = {p: s for st in self.stages for p, s in st.specs.items()}
-        self.canonical = Canonical(self.all_specs, config.server)
+        self.as_run = ParamsAsRun(self.all_specs, config.server)
         self.budget = FailureBudget(config.study)
         first = config.study.baseline_measurements
         self.launches = LaunchBudget(planned_launches(config.study, self._stage_trials(0), first))
@@ -143,7 +148,7 @@ class StudyRunner:
         self.storage = open_storage(self.storage_url)
         check_resumed(self.storage, self.config.name, self.evaluator.names)
         self.executor = self.executor or make_executor(self.config, self.trial_fn, self.say)
-        self.flights = Flights(
+        self.flights = RunningTrials(
             self.executor, self.config, self.storage, self.paths, self.all_specs, self.say
         )
         self.search = SearchTools(
@@ -151,7 +156,7 @@ class StudyRunner:
             self.land,
             self.tell,
             self.evaluator,
-            self.canonical,
+            self.as_run,
             self.config.server,
             self.config.study.reuse,
             self.prescreen,
@@ -164,7 +169,7 @@ class StudyRunner:
         try:
             baseline = self._baseline()
             incumbent, decisions = baseline, []
-            following = Following()  # a near miss the next stages search around
+            following = FollowedLead()  # a near miss the next stages search around
             for stage in self.stages:
                 incumbent, decision = self._run_stage(stage, incumbent, following.lead)
                 decisions.append(decision)
@@ -187,7 +192,7 @@ class StudyRunner:
             tags = [str(t.user_attrs.get(TrialAttr.CONFIRM_TAG, "")) for t in confirm.trials]
             first = sum(tag.startswith(f"{EXPORT}/") for tag in tags)
             wants = [
-                Want(
+                PendingMeasurement(
                     confirm,
                     confirm_label(EXPORT),
                     params,
@@ -250,7 +255,7 @@ class StudyRunner:
         served = served_by(self.config.server.kind)
         note = f"baseline {key}: measuring {served} with the fixed args only ({{}}/{want})"
         wants = [
-            Want(study, Role.BASELINE, {}, Role.BASELINE, note=note.format(n + 1))
+            PendingMeasurement(study, Role.BASELINE, {}, Role.BASELINE, note=note.format(n + 1))
             for n in range(have, want)
         ]
         for result in self.measure_many(wants, stop=lambda r: not r.outcome.ok):
@@ -263,12 +268,12 @@ class StudyRunner:
 
     # -- one trial -----------------------------------------------------------------------
     def measure_many(
-        self, wants: list[Want], stop: Callable[[Evaluated], bool] | None = None
+        self, wants: list[PendingMeasurement], stop: Callable[[Evaluated], bool] | None = None
     ) -> list[Evaluated]:
         """Each want measured and told, side by side as far as the executor has slots."""
         return self.flights.measure(wants, self.land, self.tell, stop)
 
-    def land(self, flight: Flight, result: JobResult) -> Evaluated | None:
+    def land(self, flight: RunningTrial, result: JobResult) -> Evaluated | None:
         """A finished trial evaluated and recorded (not told); None when the executor lost it
         (recorded as failed: the caller measures again)."""
         want = flight.want

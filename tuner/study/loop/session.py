@@ -76,7 +76,7 @@ class Session:
         _check_flags(python, _flag_part(backend.argv(), cfg), cfg)
         prescreen.preflight()
         self.runner.prescreen = prescreen
-        self.runner.canonical.server_values = prescreen.server_values
+        self.runner.as_run.server_values = prescreen.server_values
 
     def order_stages(self, planner: Planner | None) -> None:
         """Where the plan can estimate the space and study.stage_order is plan: the stage

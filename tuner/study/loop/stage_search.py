@@ -31,9 +31,17 @@ from tuner.schema import Role, TrialAttr, TrialStatus
 from tuner.search import space as search_space
 from tuner.study.decision.evaluation import Evaluator
 from tuner.study.decision.stages import Incumbent, Stage, point_key, stage_winner
-from tuner.study.loop.flights import Flight, Flights, Land, LostTrials, Tell, Want, record_lost
 from tuner.study.loop.prescreen import Prescreen
-from tuner.study.state.canonical import Canonical
+from tuner.study.loop.running_trials import (
+    LostTrials,
+    OnFinished,
+    PendingMeasurement,
+    RunningTrial,
+    RunningTrials,
+    Tell,
+    record_lost,
+)
+from tuner.study.state.params_as_run import ParamsAsRun
 from tuner.study.state.stored_stage import StoredStage, measured_config
 from tuner.trial.outcome import TrialOutcome
 
@@ -44,11 +52,11 @@ MAX_PROPOSALS_PER_TRIAL = 4  # a stage that reuses measurements stops re-asking 
 class SearchTools:
     """What every stage's search uses of its study's run (the runner builds it once)."""
 
-    flights: Flights
-    land: Land  # a finished trial evaluated and recorded; None when the executor lost it
+    flights: RunningTrials
+    land: OnFinished  # a finished trial evaluated and recorded; None when the executor lost it
     tell: Tell
     evaluator: Evaluator
-    canonical: Canonical
+    as_run: ParamsAsRun
     server: ServerConfig
     reuse: bool  # study.reuse: a measured point or configuration is not launched again
     prescreen: Prescreen | None
@@ -107,7 +115,7 @@ class StageSearch:
             raise
 
     def _seed(self) -> None:
-        defaults = self.tools.canonical.defaults(self.start.params)
+        defaults = self.tools.as_run.defaults(self.start.params)
         if not self.stored.seed(self.start, self.tools.server, defaults):
             self.tools.say(
                 f"stage {self.stage.name}: the incumbent runs vLLM's own default for some of "
@@ -200,7 +208,7 @@ class StageSearch:
     ) -> optuna.trial.FrozenTrial | None:
         """This stage's trial at ``point``, or an earlier stage's of the same configuration."""
         return self.stored.measured(point) or measured_config(
-            self.tools.earlier, params, self.tools.canonical
+            self.tools.earlier, params, self.tools.as_run
         )
 
     def _reuse(self, trial: optuna.Trial, seen: optuna.trial.FrozenTrial) -> None:
@@ -213,7 +221,7 @@ class StageSearch:
         # Counted as launches: a reused or refused proposal took no number.
         launched = len(self.stored.launched()) + len(self.flights.active)
         self.tools.say(f"stage {self.stage.name}: trial {launched + 1}/{self.stage.trials}")
-        want = Want(self.study, self.stage.name, proposal.params, Role.SEARCH)
+        want = PendingMeasurement(self.study, self.stage.name, proposal.params, Role.SEARCH)
         self.flights.start(want, proposal.trial)
 
     def _pending(self) -> set[str]:
@@ -222,7 +230,7 @@ class StageSearch:
         return {point_key(f.trial.params) for f in mine} | {point_key(p.point) for p in self.ready}
 
     # -- landing ---------------------------------------------------------------------------
-    def _landed(self, flight: Flight, result: JobResult) -> None:
+    def _landed(self, flight: RunningTrial, result: JobResult) -> None:
         evaluated = self.tools.land(flight, result)
         if evaluated is None:  # lost (recorded failed by land): asked again by the sampler
             self.lost.lost(flight.want, flight.prefix, point_key(flight.trial.params))
@@ -257,7 +265,7 @@ class StageSearch:
     def _unplaceable(self, proposal: _Proposal) -> None:
         """A proposal no alive node can hold now (nodes were lost): failed like a lost trial."""
         trial, name = proposal.trial, self.stage.name
-        want = Want(self.study, name, proposal.params, Role.SEARCH)
+        want = PendingMeasurement(self.study, name, proposal.params, Role.SEARCH)
         launch = self.flights.resolved_of(proposal.params)
         demand = demand_of(self.flights.config, launch)
         outcome = TrialOutcome(f"{name}-{trial.number}", TrialStatus.FAILED, [], launch.spec)

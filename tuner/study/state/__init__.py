@@ -2,4 +2,4 @@
 study new or resumed (``resume``), the run's lease (``lease``), the baseline's fingerprint
 (``fingerprint``), a stage read back from its trials (``stored_stage``), the quality gate's
 reference outputs (``reference``) and a launch's params as the server runs them
-(``canonical``), which decides whether a stored measurement may be reused."""
+(``params_as_run``), which decides whether a stored measurement may be reused."""

@@ -114,10 +114,10 @@ class StoredStage:
         """Add the incumbent as a known first trial, so the sampler starts from the control.
 
         Only when every param of the stage has a known value on the incumbent (``defaults``:
-        what the server runs for a flag left out, see tuner.study.state.canonical) that lies in the
-        stage's space (False otherwise): a trial with a partial point leaves Optuna's relative
-        samplers (GP, NSGA-II, multivariate TPE) no common search space, and they fall back to
-        random sampling for the whole stage (measured in the replays of benchmarks/).
+        what the server runs for a flag left out, see tuner.study.state.params_as_run) that lies
+        in the stage's space (False otherwise): a trial with a partial point leaves Optuna's
+        relative samplers (GP, NSGA-II, multivariate TPE) no common search space, and they fall
+        back to random sampling for the whole stage (measured in the replays of benchmarks/).
         """
         trials = self.study.get_trials()
         if any(t.user_attrs.get(TrialAttr.ROLE) == Role.INCUMBENT for t in trials):

@@ -1,10 +1,11 @@
 """The trials a study has on its executor: asked, submitted, heartbeating, and landed.
 
 The runner decides what to measure; this module carries each measurement through the executor
-(:mod:`tuner.executor`): a :class:`Want` is asked from its Optuna study when a slot is free, its
-launch submitted, its storage heartbeat kept while it runs, and its result handed back to the
-runner's ``land`` (evaluate, record) and ``tell``. With the local executor that is one trial at
-a time, in order, as a study always ran; with more slots, trials of a batch run side by side.
+(:mod:`tuner.executor`): a :class:`PendingMeasurement` is asked from its Optuna study when a
+slot is free, its launch submitted, its storage heartbeat kept while it runs, and its result
+handed back to the runner's ``land`` (evaluate, record) and ``tell``. With the local executor
+that is one trial at a time, in order, as a study always ran; with more slots, trials of a
+batch run side by side.
 
 Whatever stops a run (an interrupt, an error, a spent failure budget) stops every trial in
 flight first and marks each failed, so none stays RUNNING in the storage; a job the executor
@@ -38,7 +39,7 @@ HINT_LOST = "check the Ray cluster's nodes (`ray status`); the study can be resu
 
 
 @dataclass
-class Want:
+class PendingMeasurement:
     """One measurement the runner wants, asked from ``study`` when a slot is free."""
 
     study: optuna.Study
@@ -50,10 +51,10 @@ class Want:
 
 
 @dataclass
-class Flight:
+class RunningTrial:
     """A trial on the executor."""
 
-    want: Want
+    want: PendingMeasurement
     trial: optuna.Trial
     launch: LaunchSpec
     job: TrialJob
@@ -65,7 +66,7 @@ class Flight:
         return self.job.prefix
 
 
-Land = Callable[[Flight, JobResult], Evaluated | None]  # None: the executor lost it
+OnFinished = Callable[[RunningTrial, JobResult], Evaluated | None]  # None: the executor lost it
 
 
 @dataclass
@@ -81,7 +82,7 @@ class LostTrials:
     total: int = 0
     times: dict[Hashable, int] = field(default_factory=dict)
 
-    def lost(self, want: Want, prefix: str, key: Hashable) -> None:
+    def lost(self, want: PendingMeasurement, prefix: str, key: Hashable) -> None:
         """One more trial of ``want`` (``prefix``: how its lines begin) lost; ``key`` names
         the measurement: the same want asked again, or a stage's point."""
         self.times[key] = self.times.get(key, 0) + 1
@@ -103,7 +104,7 @@ class LostTrials:
 Tell = Callable[[optuna.Study, optuna.Trial, Evaluated], None]
 
 
-class Flights:
+class RunningTrials:
     """The trials in flight on one executor, keyed by job key."""
 
     def __init__(
@@ -117,7 +118,7 @@ class Flights:
     ) -> None:
         self.executor, self.config, self.storage = executor, config, storage
         self.paths, self.specs, self.say = paths, specs, say
-        self.active: dict[str, Flight] = {}
+        self.active: dict[str, RunningTrial] = {}
 
     @property
     def parallel(self) -> bool:
@@ -134,7 +135,7 @@ class Flights:
     def fits(self, params: dict[str, Any]) -> bool:
         return self.executor.fits(demand_of(self.config, self.resolved_of(params)))
 
-    def start(self, want: Want, trial: optuna.Trial) -> Flight:
+    def start(self, want: PendingMeasurement, trial: optuna.Trial) -> RunningTrial:
         """Submit ``trial`` (asked already) to the executor, under a storage heartbeat."""
         launch = self.resolved_of(want.params)
         name = f"{want.label}-{trial.number}"
@@ -156,12 +157,12 @@ class Flights:
             demand=demand_of(config, launch),
         )
         beat = Heartbeat(self.storage, trial_id(self.storage, trial.study, trial.number))
-        flight = Flight(want, trial, launch.spec, job, beat.__enter__())
+        flight = RunningTrial(want, trial, launch.spec, job, beat.__enter__())
         self.active[job.key] = flight
         self.executor.submit(job)
         return flight
 
-    def next(self) -> tuple[Flight, JobResult]:
+    def next(self) -> tuple[RunningTrial, JobResult]:
         """The next trial to finish, with its result; whatever the wait raises stops every
         trial in flight first (:meth:`abandon`)."""
         try:
@@ -186,8 +187,8 @@ class Flights:
 
     def measure(
         self,
-        wants: list[Want],
-        land: Land,
+        wants: list[PendingMeasurement],
+        land: OnFinished,
         tell: Tell,
         stop: Callable[[Evaluated], bool] | None = None,
     ) -> list[Evaluated]:
@@ -220,7 +221,7 @@ class Flights:
             raise
         return [results[i] for i in sorted(results)]
 
-    def _ask(self, want: Want) -> Flight:
+    def _ask(self, want: PendingMeasurement) -> RunningTrial:
         if want.note:
             self.say(want.note)
         trial = want.study.ask()
@@ -230,7 +231,11 @@ class Flights:
 
 
 def record_lost(
-    trial: optuna.Trial, want: Want, prefix: str, result: JobResult, say: Callable[[str], None]
+    trial: optuna.Trial,
+    want: PendingMeasurement,
+    prefix: str,
+    result: JobResult,
+    say: Callable[[str], None],
 ) -> None:
     """A trial the executor lost: failed (Optuna's FAIL: no sampler learns from it, and the
     stage's budget does not count it), with the reason and where it ran."""

@@ -21,7 +21,7 @@ from tuner.search import space as search_space
 ServerValues = Callable[[dict[str, Any], dict[str, Any]], Mapping[str, Any]]
 
 
-class Canonical:
+class ParamsAsRun:
     """Explicit params completed with the fixed args, the omit values and the server's values."""
 
     def __init__(self, specs: dict[str, Any], server: ServerConfig) -> None:
