@@ -54,7 +54,7 @@ def test_no_expectation_leaves_the_config_and_measures_nothing() -> None:
     config = _config()
     assert cap.sized(config, None) is config
     baseline = resolve(LaunchSpec(), config.server)
-    assert cap.for_job(config, baseline, {}) is config  # no plan estimate in the attrs
+    assert cap.for_job(config, baseline.devices, {}) is config  # no plan estimate in the attrs
 
 
 def test_the_plan_estimate_is_the_expected_rate() -> None:
@@ -77,7 +77,7 @@ def test_a_job_is_sized_from_its_trials_estimate(
     attrs = {"plan_tok_s_gpu": 2_000.0, "plan_tpot_ms": 5.0}
     config = replace(_config(), server=replace(TunerConfig().server, device="cuda"))
     launch = resolve(LaunchSpec(args={"tensor_parallel_size": 4}), config.server)
-    sized = cap.for_job(config, launch, attrs)
+    sized = cap.for_job(config, launch.devices, attrs)
     # 4 GPUs x 2,000 = 8,000 tok/s, 64 users at 5 ms = 12,800: 8,000 expected, 2x / 3,000
     assert sized.workload.processes == 6
 

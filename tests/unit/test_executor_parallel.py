@@ -237,3 +237,38 @@ def test_an_interrupt_leaves_no_trial_running(tmp_path: Path) -> None:
     assert not [t for t in trials if t.state == optuna.trial.TrialState.RUNNING]
     failed = [t for t in trials if t.state == optuna.trial.TrialState.FAIL]
     assert failed and all(t.user_attrs[TrialAttr.INTERRUPTED] for t in failed)
+
+
+def test_a_search_trial_runs_the_launch_resolved_where_its_point_was_suggested(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tuner.study.loop import running_trials, stage_search
+
+    made: dict[int, ResolvedLaunch] = {}
+    real = stage_search.resolve
+
+    def resolve_once(spec: Any, server: Any) -> ResolvedLaunch:
+        launch = real(spec, server)
+        made[id(launch)] = launch
+        return launch
+
+    stored: list[dict[str, Any]] = []  # what RunningTrials resolved from stored params itself
+    real_of = running_trials.RunningTrials.resolved_of
+
+    def of_params(self: Any, params: dict[str, Any]) -> ResolvedLaunch:
+        stored.append(params)
+        return real_of(self, params)
+
+    monkeypatch.setattr(stage_search, "resolve", resolve_once)
+    monkeypatch.setattr(running_trials.RunningTrials, "resolved_of", of_params)
+    config = _config(tmp_path, [1, 2], trials=6)
+    executor = VirtualExecutor(slots=2)
+    _run(config, executor)
+    search = [job for _, job in executor.started if job.trial_id.startswith("p-")]
+    assert len(search) == 6
+    # each search job carries the very value made at the suggestion: nothing re-derived it
+    assert all(made.get(id(job.launch)) is job.launch for job in search)
+    for job in search:  # and its command line was rendered from those flags, once
+        argv = job.launch.argv
+        assert argv[argv.index("--max-num-seqs") + 1] == str(job.launch.flags["max_num_seqs"])
+    assert stored == [{}, {}]  # the two baselines, the only measurements by stored params

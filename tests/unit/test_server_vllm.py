@@ -63,6 +63,16 @@ def test_argv_launch_overrides_fixed_args_and_never_contains_the_key(tmp_path: P
     assert float(env["VLLM_HTTP_TIMEOUT_KEEP_ALIVE"]) >= 120
 
 
+def test_a_launch_flag_naming_a_head_flag_replaces_it_once(tmp_path: Path) -> None:
+    cfg = ServerConfig(model=str(tmp_path), served_model_name="served")
+    spec = LaunchSpec(args={"host": "0.0.0.0", "served_model_name": None, "max_num_seqs": 4})
+    argv = make_backend(cfg, resolve(spec, cfg), tmp_path / "s.log").argv()
+    assert argv.count("--host") == 1 and argv[argv.index("--host") + 1] == "0.0.0.0"
+    assert "--served-model-name" not in argv  # the launch's None leaves the head's flag out
+    assert argv[argv.index("--model") + 1] == str(tmp_path) and "--port" in argv
+    assert argv[-2:] == ["--max-num-seqs", "4"]  # the launch's flags, as resolved
+
+
 def test_positional_model_launcher_and_empty_key(tmp_path: Path) -> None:
     srv = _server(tmp_path, launcher=["vllm", "serve", "{model}"], api_key="")
     argv = srv.argv()  # type: ignore[attr-defined]

@@ -17,10 +17,9 @@ from tuner.config import ParamSpec, ServerConfig
 from tuner.errors import ConfigError
 from tuner.schema import REFINE, Role
 from tuner.scoring.feasibility import meets
-from tuner.search.space import resolve
+from tuner.search.space import as_run
 from tuner.study.decision.evaluation import Evaluator
-from tuner.study.decision.stages import plan_stages
-from tuner.study.loop.runner import StudyRunner
+from tuner.study.loop.runner import StudyRunner, plan_stages
 from tuner.testing.grid_table import DEFAULTS, GROUPS, PARAMS, write_table
 from tuner.testing.landscape import Landscape, Measured
 from tuner.testing.lookup import (
@@ -59,7 +58,7 @@ class Run:
         return [t for t in study.trials if t.user_attrs.get("role") == role]
 
 
-def test_resolve_takes_explicit_then_fixed_then_omit_values() -> None:
+def test_as_run_takes_explicit_then_fixed_then_omit_values() -> None:
     specs: dict[str, Any] = {
         "max_num_seqs": {"type": "categorical", "choices": [4, 64]},
         "kv": {"type": "int", "low": 1, "high": 4, "target": "env", "name": "KV_GIB"},
@@ -67,12 +66,12 @@ def test_resolve_takes_explicit_then_fixed_then_omit_values() -> None:
         "enforce_eager": {"type": "bool"},
     }
     fixed = ServerConfig(args={"enforce_eager": True, "max_num_seqs": 64}, env={"KV_GIB": "2"})
-    got = resolve({"max_num_seqs": 4}, specs, fixed)
+    got = as_run({"max_num_seqs": 4}, specs, fixed)
     assert got == {"max_num_seqs": 4, "kv": 2, "quantization": "none", "enforce_eager": True}
     # Unknown (vLLM decides at start-up) or outside the space: no point to place.
-    assert resolve({}, {"max_num_batched_tokens": {"low": 256, "high": 8192}}, fixed) is None
-    assert resolve({"max_num_seqs": 128}, specs, fixed) is None
-    assert resolve({}, specs, ServerConfig(env={"KV_GIB": "9"}, args={"max_num_seqs": 4})) is None
+    assert as_run({}, {"max_num_batched_tokens": {"low": 256, "high": 8192}}, fixed) is None
+    assert as_run({"max_num_seqs": 128}, specs, fixed) is None
+    assert as_run({}, specs, ServerConfig(env={"KV_GIB": "9"}, args={"max_num_seqs": 4})) is None
 
 
 def test_incumbent_without_a_full_point_is_not_seeded(tmp_path: Path) -> None:

@@ -18,7 +18,7 @@ from tuner.errors import ConfigError
 from tuner.redact import is_secret_name
 from tuner.review.stored import Choice, Review
 from tuner.search import space as search_space
-from tuner.search.resolved import args_to_argv, resolve
+from tuner.search.resolved import args_to_argv, resolve_params
 
 SERVE_HOST, SERVE_PORT = "0.0.0.0", 8000
 CONTAINER_MODEL_DIR = "/models"
@@ -95,7 +95,7 @@ def build_serve_spec(review: Review, choice: Choice) -> ServeSpec:
     specs = search_space.flatten(review.config.get("search_space") or {})
     # the stored server as far as the merge reads it: its fixed args
     fixed = ServerConfig(args=dict(server.get("args") or {}))
-    launch = resolve(search_space.to_launch(choice.params, specs), fixed)
+    launch = resolve_params(choice.params, specs, fixed)
     args = launch.flags
     env = {**(server.get("env") or {}), **launch.env}
     view = choice.trial

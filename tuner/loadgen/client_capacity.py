@@ -37,7 +37,6 @@ from tuner.errors import ArtifactError
 from tuner.host.cpu import read_cpuinfo
 from tuner.loadgen.probe import ClientCapacity, probe
 from tuner.paths import client_capacity_file
-from tuner.search.resolved import ResolvedLaunch
 
 # One process runs at no more than half its measured capacity: the notes saw the tail
 # distorted well before a process's core was full.
@@ -199,14 +198,15 @@ def after_window(
 
 def for_job(
     config: TunerConfig,
-    launch: ResolvedLaunch,
+    devices: int,
     attrs: Mapping[str, Any],
     say: Callable[[str], None] | None = None,
 ) -> TunerConfig:
     """The config a trial's job runs with: its processes sized to the plan's estimate of this
-    trial (``attrs``, its user attrs), on the GPUs its ``launch`` takes. Sized before the
-    job is dispatched, since an executor gives the job cores by its processes."""
-    gpus = launch.devices if config.server.device == "cuda" else 1
+    trial (``attrs``, its user attrs), on the ``devices`` its launch takes (the count is all
+    the sizing reads of it). Sized before the job is dispatched, since an executor gives the
+    job cores by its processes."""
+    gpus = devices if config.server.device == "cuda" else 1
     return sized(config, expected_from_plan(config, attrs, gpus), say)
 
 

@@ -12,7 +12,7 @@ from typing import Any
 
 from tuner.config import TunerConfig
 from tuner.search import space as search_space
-from tuner.search.resolved import resolve
+from tuner.search.resolved import resolve_params
 from tuner.telemetry import gpu_count
 from tuner.telemetry.nvml import visible_entries
 
@@ -33,7 +33,7 @@ def gpus_of(config: TunerConfig, params: Mapping[str, Any]) -> int:
     """The GPUs a server with ``params`` (on top of the fixed args) occupies: TP x PP x DP."""
     specs = search_space.flatten(config.search_space)
     known = {p: v for p, v in params.items() if p in specs}
-    return resolve(search_space.to_launch(known, specs), config.server).devices
+    return resolve_params(known, specs, config.server).devices
 
 
 def too_many_gpus(needed: int, host: int) -> str | None:

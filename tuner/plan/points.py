@@ -18,7 +18,7 @@ from tuner.config import ParamSpec, TunerConfig
 from tuner.config.workload import WorkloadConfig
 from tuner.plan.estimate import PlanPoint
 from tuner.search import space as search_space
-from tuner.search.resolved import resolve
+from tuner.search.resolved import resolve_params
 
 # vLLM flag -> what it sets in the estimator's terms
 MODELLED = (
@@ -72,7 +72,7 @@ def point_of(config: TunerConfig, params: Mapping[str, Any], defaults: Defaults)
     """The estimator's point for the server that ``params`` (on top of the fixed args) runs."""
     specs = search_space.flatten(config.search_space)
     known = {p: v for p, v in params.items() if p in specs}
-    args = resolve(search_space.to_launch(known, specs), config.server).flags
+    args = resolve_params(known, specs, config.server).flags
     isl, osl = mean_lengths(config.workload)
     seqs = _int(args.get("max_num_seqs"), defaults.max_num_seqs)
     # A closed loop never has more requests in flight than users; an open loop's steady

@@ -9,10 +9,11 @@ the same device count.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from tuner.config import ServerConfig
+from tuner.search import space
 from tuner.search.checks import devices_needed
 from tuner.search.launch import LaunchSpec
 
@@ -50,10 +51,13 @@ class ResolvedLaunch:
     env: dict[str, str]
     devices: int  # GPUs (or CPU ranks) one server takes: devices_needed(flags)
     cpus: list[int] | None = None  # cores the server is pinned to, set per trial by placement
+    # the flags as vLLM's command line, rendered here once: a backend puts its own head (the
+    # model, host and port) before them and renders nothing of the candidate's again
+    argv: tuple[str, ...] = field(init=False)
 
-    def argv(self) -> list[str]:
-        """The flags as vLLM's command line."""
-        return args_to_argv(self.flags)
+    def __post_init__(self) -> None:
+        # derived, never passed: a copy made with other flags (dataclasses.replace) re-renders
+        object.__setattr__(self, "argv", tuple(args_to_argv(self.flags)))
 
     def record(self) -> LaunchSpec:
         """The launch as a trial's result stores it: the candidate's flags, the env it ran
@@ -66,3 +70,11 @@ def resolve(spec: LaunchSpec, server: ServerConfig) -> ResolvedLaunch:
     """The one place the server's fixed args and a candidate's meet: the candidate's on top."""
     flags = {**server.args, **spec.args}
     return ResolvedLaunch(spec, flags, dict(spec.env), devices_needed(flags), spec.cpus)
+
+
+def resolve_params(
+    params: Mapping[str, Any], specs: Mapping[str, space.SpecLike], server: ServerConfig
+) -> ResolvedLaunch:
+    """Stored ``params`` (a study's configuration, as ``specs`` launch them) resolved on
+    ``server``: what a baseline, a confirmation, the plan, the export and capacity run."""
+    return resolve(space.to_launch(params, specs), server)

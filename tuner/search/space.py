@@ -280,6 +280,30 @@ def suggest(trial: optuna.Trial, specs: Mapping[str, SpecLike]) -> dict[str, Any
     return {p: _kind(s, p).suggest(trial, p, s) for p, s in _specs(specs).items()}
 
 
+@dataclass(frozen=True)
+class Suggestion:
+    """One group's point as the sampler asked it, on top of the configuration it starts from,
+    and the launch they make together."""
+
+    point: dict[str, Any]  # the group's own params: what the stage's sampler sees
+    params: dict[str, Any]  # the whole configuration: the start's params, the point on top
+    launch: LaunchSpec
+
+
+def suggest_launch(
+    trial: optuna.Trial,
+    specs: Mapping[str, SpecLike],
+    start: Mapping[str, Any],
+    all_specs: Mapping[str, SpecLike],
+) -> Suggestion:
+    """Ask ``trial`` for a point of the group ``specs`` and turn it at once, on top of
+    ``start``, into the launch it makes (``all_specs``: how every param of the study
+    launches), so the point is a launch from where it is asked."""
+    point = suggest(trial, specs)
+    params = {**start, **point}
+    return Suggestion(point, params, to_launch(params, all_specs))
+
+
 # ---- params → launch ----------------------------------------------------------------------
 
 
@@ -369,7 +393,7 @@ def _effective(
     return defaults.get(param, _UNKNOWN)
 
 
-def resolve(
+def as_run(
     params: Mapping[str, Any],
     specs: Mapping[str, SpecLike],
     fixed: ServerConfig,

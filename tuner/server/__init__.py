@@ -3,13 +3,21 @@
 
 from tuner.search.launch import LaunchSpec
 from tuner.server.backend import ServerBackend, ServerInfo
-from tuner.server.kinds import KINDS, make_backend, prepare_host, register_backend, served_by
+from tuner.server.kinds import (
+    KINDS,
+    backend_factory,
+    make_backend,
+    prepare_host,
+    register_backend,
+    served_by,
+)
 
 __all__ = [
     "KINDS",
     "LaunchSpec",
     "ServerBackend",
     "ServerInfo",
+    "backend_factory",
     "make_backend",
     "prepare_host",
     "register_backend",

@@ -58,10 +58,16 @@ def prepare_host(config: ServerConfig) -> None:
         found.host(config)
 
 
-def make_backend(config: ServerConfig, launch: ResolvedLaunch, log_path: Path) -> ServerBackend:
-    """Build the backend named by ``config.kind``."""
+def backend_factory(config: ServerConfig) -> BackendFactory:
+    """The factory of ``config.kind``: the registry names the class, and the caller hands it
+    the launch (nothing here reads one)."""
     found = KINDS.get(config.kind)
     if found is None:
         known = ", ".join(sorted(KINDS))
         raise ConfigError(f"server.kind={config.kind!r} is unknown (known: {known})")
-    return found.factory(config, launch, log_path)
+    return found.factory
+
+
+def make_backend(config: ServerConfig, launch: ResolvedLaunch, log_path: Path) -> ServerBackend:
+    """Build the backend named by ``config.kind``."""
+    return backend_factory(config)(config, launch, log_path)

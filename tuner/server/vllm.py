@@ -20,7 +20,7 @@ import requests
 from tuner.config import ServerConfig
 from tuner.errors import PreflightError, ServerDiedError, ServerError, ServerStartError
 from tuner.host.children import free_port, port_is_free, reap, spawn, wait_port_free
-from tuner.search.resolved import ResolvedLaunch, args_to_argv
+from tuner.search.resolved import ResolvedLaunch
 from tuner.server import amx, backend
 from tuner.server.backend import ServerInfo
 from tuner.server.vllm_parser import vllm_version
@@ -164,14 +164,15 @@ class VllmServer:
             part.replace("{python}", self.python).replace("{model}", self.config.model)
             for part in self.config.launcher
         ]
-        args: dict[str, Any] = {} if positional else {"model": self.config.model}
+        head: dict[str, Any] = {} if positional else {"model": self.config.model}
         if self.config.served_model_name:
-            args["served_model_name"] = self.config.served_model_name
-        args.update({"host": self.config.host, "port": self._port})
-        # merged as a dict, not appended: a resolved flag that names one of these replaces it
-        # in place rather than repeating it
-        args.update(self.launch.flags)
-        return launcher + args_to_argv(args)
+            head["served_model_name"] = self.config.served_model_name
+        head.update({"host": self.config.host, "port": self._port})
+        # the launch's flags come rendered; one that names a head flag replaces it (never
+        # repeats it), and a None there leaves it out, as for any flag
+        own = [[f"--{k.replace('_', '-')}", str(v)] for k, v in head.items()]
+        kept = [pair for k, pair in zip(head, own, strict=True) if k not in self.launch.flags]
+        return launcher + [part for pair in kept for part in pair] + list(self.launch.argv)
 
     def environment(self) -> dict[str, str]:
         env = dict(os.environ)

@@ -28,7 +28,7 @@ from tuner.paths import TrialPaths
 from tuner.quality import run_quality_set
 from tuner.schema import TrialStatus
 from tuner.search.resolved import ResolvedLaunch
-from tuner.server import ServerBackend, ServerInfo, make_backend
+from tuner.server import ServerBackend, ServerInfo, backend_factory
 from tuner.server.backend import REASON_DIED_DURING_LOAD
 from tuner.telemetry import Telemetry, TelemetrySummary
 from tuner.telemetry.metrics import client_lag_warning, over_server
@@ -83,7 +83,8 @@ def run_trial(
     place = placement.for_trial(config, launch.env)
     launch = replace(launch, cpus=list(place.server) if place.server else None)
     rerun = _ClientRerun(config, launch, place)
-    server = make_backend(config.server, launch, paths.server_log)
+    # the registry names the backend's class; the launch goes to it from here, as resolved
+    server = backend_factory(config.server)(config.server, launch, paths.server_log)
     outcome = TrialOutcome(trial_id, TrialStatus.FAILED, server.argv(), launch.record())
     outcome.folder = str(paths.root)
     outcome.placement = TrialPlacement(place.server, place.client)

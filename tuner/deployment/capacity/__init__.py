@@ -40,7 +40,7 @@ from tuner.plan.sizing import (
 )
 from tuner.review.stored import Choice, Review, open_review
 from tuner.search import space as search_space
-from tuner.search.resolved import ResolvedLaunch, resolve
+from tuner.search.resolved import ResolvedLaunch, resolve_params
 
 Progress = Callable[[str], None]
 DEFAULT_START_RPS = 1.0
@@ -119,7 +119,7 @@ def capacity_command(request: CapacityRequest, progress: Progress) -> int:
     if simulated:  # first on the terminal too: the progress lines come before the result
         progress(simulated)
     specs = search_space.flatten(config.search_space)
-    launch = resolve(search_space.to_launch(choice.params, specs), config.server)
+    launch = resolve_params(choice.params, specs, config.server)
     folder = review.paths.root / CAPACITY_DIR
     start = _start_rate(request, choice)
     progress(f"capacity of {choice.label}: starting its server, then rates from {start:.3g} req/s")

@@ -8,7 +8,6 @@ storage holds them, are read through :class:`tuner.study.state.stored_stage.Stor
 from __future__ import annotations
 
 import json
-from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -17,8 +16,8 @@ import numpy as np
 import optuna
 from optuna.trial import TrialState
 
-from tuner.config import ParamSpec, TunerConfig
-from tuner.schema import REFINE, Role, TrialAttr, TrialStatus
+from tuner.config import ParamSpec
+from tuner.schema import Role, TrialAttr, TrialStatus
 from tuner.scoring.confidence import SloClaim, SloStatus, claims
 from tuner.scoring.feasibility import mean_constraints, meets, violation
 from tuner.search import space as search_space
@@ -82,32 +81,6 @@ class StudyResult:
             and d.gain > d.threshold
             and any(c.status == SloStatus.UNDECIDED for c in d.candidate_slos)
         ]
-
-
-def plan_stages(config: TunerConfig) -> list[Stage]:
-    """Stages in the configured order; the joint strategy is one stage over every group.
-
-    A group named again is searched again from the incumbent the groups between made (its
-    second stage is ``<group>2``): where the best precision depends on the TP and the best TP on
-    the precision, one pass fixes the first at a value the second made wrong. A staged study
-    with ``refine_trials`` ends with a joint stage over every group, started from the staged
-    incumbent: staging fixes each group at its winner while later groups are searched, which
-    misses optima where parameters of two groups interact.
-    """
-    cfg, space = config.study, config.search_space
-    names = [s for s in cfg.stages if s in space]
-    union: dict[str, ParamSpec] = {p: spec for name in names for p, spec in space[name].items()}
-    if cfg.strategy == "joint":
-        return [Stage("joint", union, cfg.trials_per_stage)] if union else []
-    passes: Counter[str] = Counter()
-    stages = []
-    for name in names:
-        passes[name] += 1
-        label = name if passes[name] == 1 else f"{name}{passes[name]}"
-        stages.append(Stage(label, space[name], cfg.trials_per_stage))
-    if cfg.refine_trials > 0 and len(stages) > 1:
-        stages.append(Stage(REFINE, union, cfg.refine_trials))
-    return stages
 
 
 def measured_ok(trial: optuna.trial.FrozenTrial) -> bool:

@@ -8,19 +8,21 @@ start, so an interrupted run continues where it stopped and never re-runs a comp
 from __future__ import annotations
 
 import time
+from collections import Counter
 from collections.abc import Callable
 from functools import partial
 from typing import Any
 
 import optuna
 
-from tuner.config import TunerConfig
+from tuner.config import ParamSpec, TunerConfig
 from tuner.errors import StudyFailedError
 from tuner.executor import DEVICES_ATTR, Executor, JobResult, TrialFn, make_executor
 from tuner.paths import StudyPaths
 from tuner.quality import check_config
 from tuner.schema import (
     EXPORT,
+    REFINE,
     Role,
     StudyAttr,
     TrialAttr,
@@ -42,7 +44,6 @@ from tuner.study.decision.stages import (
     baseline_incumbent,
     jsonable,
     ok_trials,
-    plan_stages,
 )
 from tuner.study.loop.budget import BudgetHook, LaunchBudget, modelled_extra, planned_launches
 from tuner.study.loop.confirmation import Confirmation
@@ -65,6 +66,32 @@ from tuner.trial.run import run_trial
 
 Progress = Callable[[str], None]
 __all__ = ["Progress", "StudyRunner", "TrialFn"]  # TrialFn: the trial seam, tuner.executor's
+
+
+def plan_stages(config: TunerConfig) -> list[Stage]:
+    """Stages in the configured order; the joint strategy is one stage over every group.
+
+    A group named again is searched again from the incumbent the groups between made (its
+    second stage is ``<group>2``): where the best precision depends on the TP and the best TP on
+    the precision, one pass fixes the first at a value the second made wrong. A staged study
+    with ``refine_trials`` ends with a joint stage over every group, started from the staged
+    incumbent: staging fixes each group at its winner while later groups are searched, which
+    misses optima where parameters of two groups interact.
+    """
+    cfg, space = config.study, config.search_space
+    names = [s for s in cfg.stages if s in space]
+    union: dict[str, ParamSpec] = {p: spec for name in names for p, spec in space[name].items()}
+    if cfg.strategy == "joint":
+        return [Stage("joint", union, cfg.trials_per_stage)] if union else []
+    passes: Counter[str] = Counter()
+    stages = []
+    for name in names:
+        passes[name] += 1
+        label = name if passes[name] == 1 else f"{name}{passes[name]}"
+        stages.append(Stage(label, space[name], cfg.trials_per_stage))
+    if cfg.refine_trials > 0 and len(stages) > 1:
+        stages.append(Stage(REFINE, union, cfg.refine_trials))
+    return stages
 
 
 class StudyRunner:

@@ -28,9 +28,8 @@ from tuner.executor import DEVICES_ATTR, Executor, JobResult, TrialJob, demand_o
 from tuner.loadgen import client_capacity
 from tuner.paths import StudyPaths
 from tuner.schema import TrialAttr, TrialStatus
-from tuner.search import space as search_space
 from tuner.search.launch import LaunchSpec
-from tuner.search.resolved import ResolvedLaunch, resolve
+from tuner.search.resolved import ResolvedLaunch, resolve_params
 from tuner.study.decision.evaluation import Evaluated
 from tuner.study.state.storage import Heartbeat, trial_id
 
@@ -48,6 +47,9 @@ class PendingMeasurement:
     role: str
     attrs: dict[str, Any] = field(default_factory=dict)  # set on the trial once asked
     note: str = ""  # said when it starts
+    # the launch, where it was resolved when the point was suggested (a stage's search);
+    # None: a measurement of stored params (baselines, confirmations), resolved as it starts
+    launch: ResolvedLaunch | None = None
 
 
 @dataclass
@@ -125,25 +127,22 @@ class RunningTrials:
         """Trials may run side by side (or away from this process): not the serial path."""
         return self.executor.name != "local"
 
-    def launch_of(self, params: dict[str, Any]) -> LaunchSpec:
-        return search_space.to_launch(params, self.specs)
-
     def resolved_of(self, params: dict[str, Any]) -> ResolvedLaunch:
-        """The launch of ``params`` on this study's server: resolved here, once per trial."""
-        return resolve(self.launch_of(params), self.config.server)
+        """The launch of stored ``params`` on this study's server."""
+        return resolve_params(params, self.specs, self.config.server)
 
-    def fits(self, params: dict[str, Any]) -> bool:
-        return self.executor.fits(demand_of(self.config, self.resolved_of(params)))
+    def fits(self, launch: ResolvedLaunch) -> bool:
+        return self.executor.fits(demand_of(self.config, launch))
 
     def start(self, want: PendingMeasurement, trial: optuna.Trial) -> RunningTrial:
         """Submit ``trial`` (asked already) to the executor, under a storage heartbeat."""
-        launch = self.resolved_of(want.params)
+        launch = want.launch or self.resolved_of(want.params)
         name = f"{want.label}-{trial.number}"
         prefix = f"[{want.label} #{trial.number}]"
         # The client's processes carry the trial's expected token events (the plan's estimate)
         config = client_capacity.for_job(
             self.config,
-            launch,
+            launch.devices,
             trial.user_attrs,
             lambda line: self.say(f"{prefix} {line}"),
         )

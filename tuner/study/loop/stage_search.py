@@ -29,6 +29,7 @@ from tuner.config import ServerConfig
 from tuner.executor import REASON_EXECUTOR_LOST, JobResult, demand_of
 from tuner.schema import Role, TrialAttr, TrialStatus
 from tuner.search import space as search_space
+from tuner.search.resolved import ResolvedLaunch, resolve
 from tuner.study.decision.evaluation import Evaluator
 from tuner.study.decision.stages import Incumbent, Stage, point_key, stage_winner
 from tuner.study.loop.prescreen import Prescreen
@@ -76,6 +77,7 @@ class _Proposal:
     trial: optuna.Trial
     point: dict[str, Any]
     params: dict[str, Any]
+    launch: ResolvedLaunch  # resolved when the point was suggested; run as it is
 
 
 class StageSearch:
@@ -148,7 +150,7 @@ class StageSearch:
             oldest = proposal is self.ready[0]
             if not oldest and self.passed >= slots:
                 return
-            if self.flights.fits(proposal.params):
+            if self.flights.fits(proposal.launch):
                 self.ready.remove(proposal)
                 self._start(proposal)
                 self.passed = 0 if oldest else self.passed + 1
@@ -192,8 +194,10 @@ class StageSearch:
 
     def _ask(self) -> _Proposal | None:
         trial = self.study.ask()
-        point = search_space.suggest(trial, self.stage.specs)
-        params = {**self.start.params, **point}
+        asked = search_space.suggest_launch(
+            trial, self.stage.specs, self.start.params, self.tools.specs
+        )
+        point, params = asked.point, asked.params
         seen = self._measured(point, params) if self.tools.reuse else None
         if seen is not None:
             self._reuse(trial, seen)
@@ -201,7 +205,7 @@ class StageSearch:
         screen = self.tools.prescreen
         if screen and screen.rejects(self.stored, trial, params, self.tools.specs):
             return None  # told as infeasible, never launched
-        return _Proposal(trial, point, params)
+        return _Proposal(trial, point, params, resolve(asked.launch, self.tools.server))
 
     def _measured(
         self, point: dict[str, Any], params: dict[str, Any]
@@ -221,7 +225,8 @@ class StageSearch:
         # Counted as launches: a reused or refused proposal took no number.
         launched = len(self.stored.launched()) + len(self.flights.active)
         self.tools.say(f"stage {self.stage.name}: trial {launched + 1}/{self.stage.trials}")
-        want = PendingMeasurement(self.study, self.stage.name, proposal.params, Role.SEARCH)
+        name, params = self.stage.name, proposal.params
+        want = PendingMeasurement(self.study, name, params, Role.SEARCH, launch=proposal.launch)
         self.flights.start(want, proposal.trial)
 
     def _pending(self) -> set[str]:
@@ -265,8 +270,8 @@ class StageSearch:
     def _unplaceable(self, proposal: _Proposal) -> None:
         """A proposal no alive node can hold now (nodes were lost): failed like a lost trial."""
         trial, name = proposal.trial, self.stage.name
-        want = PendingMeasurement(self.study, name, proposal.params, Role.SEARCH)
-        launch = self.flights.resolved_of(proposal.params)
+        launch = proposal.launch
+        want = PendingMeasurement(self.study, name, proposal.params, Role.SEARCH, launch=launch)
         demand = demand_of(self.flights.config, launch)
         outcome = TrialOutcome(f"{name}-{trial.number}", TrialStatus.FAILED, [], launch.spec)
         largest = self.flights.executor.largest_node().text()

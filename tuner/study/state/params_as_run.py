@@ -41,6 +41,6 @@ class ParamsAsRun:
         one is unknown. Each launch is asked once (a study asks again for every stored trial)."""
         key = json.dumps(params, sort_keys=True, default=str)
         if key not in self._known:
-            full = search_space.resolve(params, self.specs, self.server, self.defaults(params))
+            full = search_space.as_run(params, self.specs, self.server, self.defaults(params))
             self._known[key] = full or params
         return self._known[key]

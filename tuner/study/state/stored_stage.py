@@ -123,7 +123,7 @@ class StoredStage:
         if any(t.user_attrs.get(TrialAttr.ROLE) == Role.INCUMBENT for t in trials):
             return True
         specs = self.stage.specs
-        params = search_space.resolve(incumbent.params, specs, server, defaults)
+        params = search_space.as_run(incumbent.params, specs, server, defaults)
         if params is None:
             return False
         self.study.add_trial(
