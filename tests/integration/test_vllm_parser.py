@@ -13,6 +13,7 @@ import pytest
 import yaml
 
 from tuner.errors import ConfigError, PreflightError
+from tuner.plan import validate
 from tuner.search import checks
 from tuner.search import space as ss
 from tuner.search.resolved import args_to_argv
@@ -146,3 +147,38 @@ def test_every_scheduling_choice_parses_and_a_refused_one_stops_the_study(
     assert rc == 2 and len(err) == 1
     assert "scheduling_policy='lifo'" in err[0] and "invalid choice" in err[0]
     assert not list(tmp_path.rglob("trials/*"))  # refused before any launch
+
+
+def test_a_flag_left_out_reads_as_the_parsers_default_where_no_config_check_runs() -> None:
+    """The simulated GPU host's launches are not this CPU's platform, so vLLM's config worker
+    does not build them; a flag left out then reads as vLLM's parser's default where it has
+    one (pipeline parallelism 1), and stays unknown where vLLM picks it at start-up."""
+    from tuner.config import TunerConfig
+    from tuner.study.decision.evaluation import Evaluator
+    from tuner.study.loop.prescreen import Prescreen
+    from tuner.study.state.params_as_run import ParamsAsRun
+
+    defaults = validate.parser_defaults(sys.executable)
+    assert defaults["pipeline_parallel_size"] == 1 and "max_num_seqs" not in defaults
+    config = TunerConfig()
+    config.server.kind, config.server.args = "simulated_gpu", {"tensor_parallel_size": 8}
+    specs = {
+        "tensor_parallel_size": {"type": "categorical", "choices": [2, 4, 8]},
+        "pipeline_parallel_size": {"type": "categorical", "choices": [1, 2]},
+        "max_num_seqs": {"type": "categorical", "choices": [64, 256]},
+    }
+    screen = Prescreen(config, Evaluator(config), lambda _line: None, None)
+    assert screen.server_values({}, specs) == {
+        "tensor_parallel_size": 1,
+        "pipeline_parallel_size": 1,
+    }
+    as_run = ParamsAsRun(specs, config.server)
+    as_run.server_values = screen.server_values
+    parallel = {p: specs[p] for p in ("tensor_parallel_size", "pipeline_parallel_size")}
+    # the baseline (nothing set) is the point TP 8 (its fixed arg), PP 1 of the parallelism
+    # group, so a stage there seeds its sampler with it and reuses its measurement
+    assert ParamsAsRun(parallel, config.server)({}) == {}  # without the defaults: unknown
+    with_defaults = ParamsAsRun(parallel, config.server)
+    with_defaults.server_values = screen.server_values
+    assert with_defaults({}) == {"tensor_parallel_size": 8, "pipeline_parallel_size": 1}
+    assert as_run({}) == {}  # max_num_seqs stays unknown: vLLM picks it at start-up

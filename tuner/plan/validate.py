@@ -9,6 +9,7 @@ milliseconds, and the answer names the flag and gives vLLM's reason in one line.
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import sys
@@ -17,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from tuner.config import ServerConfig
-from tuner.errors import PreflightError
+from tuner.errors import PreflightError, TunerError
 from tuner.search.launch import LaunchSpec
 from tuner.search.resolved import resolve
 from tuner.server import make_backend
@@ -27,6 +28,7 @@ from tuner.server.vllm_engine_config import (
     ConfigWorker,
     config_worker,
 )
+from tuner.server.vllm_parser import parsed_args
 
 _FLAG_RE = re.compile(r"^--[a-z0-9][a-z0-9-]*$")
 
@@ -86,6 +88,20 @@ VALIDATED_KINDS = ("vllm",)  # servers tuner launches with vLLM's flags (not an 
 def validates(server: ServerConfig) -> bool:
     """Whether launches of ``server`` go through vLLM's config check."""
     return server.kind in VALIDATED_KINDS
+
+
+@functools.cache
+def parser_defaults(python: str) -> dict[str, Any]:
+    """vLLM's parser's own default of every flag that has one, for a server whose launches
+    vLLM's config worker cannot build (the simulated GPU host's are not this CPU's platform):
+    what a flag left out runs there. A flag whose value vLLM picks at start-up from the
+    platform (``max_num_seqs``) has no default here and stays unknown. {} where the parser
+    does not answer."""
+    try:
+        values = parsed_args(python, [])
+    except TunerError:
+        return {}
+    return {name: value for name, value in values.items() if value is not None}
 
 
 class ConfigValidator:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import optuna
 
@@ -66,6 +67,19 @@ def find_lead(
     noise = pooled.threshold(max(1, len(incumbent.samples)), 1, mean) if pooled else 0.0
     gain = select_sign * (best.values[select_index] - mean)
     return best if gain > max(noise, min_gain * abs(mean)) else None
+
+
+def other_configurations(
+    trials: Sequence[optuna.trial.FrozenTrial],
+    incumbent: Incumbent,
+    as_run: Callable[[dict[str, Any]], dict[str, Any]],
+) -> list[optuna.trial.FrozenTrial]:
+    """The ``trials`` that launched another configuration than ``incumbent``'s, each compared
+    as the server runs it (``as_run``: a flag left out reads as its default). Only those can
+    lead: the incumbent's own configuration launched again, reading better on one window, is
+    the noise its repeats already measure, and following it searches nothing new."""
+    same = as_run(dict(incumbent.params))
+    return [t for t in trials if as_run({**incumbent.params, **t.params}) != same]
 
 
 def judged(

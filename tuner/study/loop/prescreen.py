@@ -21,6 +21,7 @@ failed launches.
 from __future__ import annotations
 
 import math
+import sys
 import time
 from collections.abc import Callable
 from typing import Any
@@ -36,7 +37,7 @@ from tuner.plan.estimate import PointEstimate
 from tuner.plan.planner import Planner
 from tuner.plan.points import modelled
 from tuner.plan.table import TTFT_SLOPE, Anchor, PlannedPoint, Scale
-from tuner.plan.validate import ConfigValidator, validates
+from tuner.plan.validate import ConfigValidator, parser_defaults, validates
 from tuner.schema import Role, TrialAttr, TrialStatus
 from tuner.search import space as search_space
 from tuner.search.launch import LaunchSpec
@@ -183,11 +184,13 @@ class Prescreen:
 
     def server_values(self, params: dict[str, Any], specs: dict[str, Any]) -> dict[str, Any]:
         """What vLLM's config holds for each param of ``specs`` when launched with ``params``:
-        a param left out reads as vLLM's default for that launch. {} without the check."""
-        if self.validator is None:
-            return {}
+        a param left out reads as vLLM's default for that launch; without the config check,
+        as the parser's default where it has one (:func:`parser_defaults`)."""
         names = {p: as_spec(s, p).name or p for p, s in specs.items()}
         wanted = [n for p, n in names.items() if as_spec(specs[p], p).target == "arg"]
+        if self.validator is None:
+            found = parser_defaults(self.config.server.python or sys.executable)
+            return {p: found[n] for p, n in names.items() if n in wanted and n in found}
         try:
             found = self.validator.values(search_space.to_launch(params, specs), wanted)
         except TunerError as exc:  # the worker broke: launch unchecked rather than stop

@@ -35,7 +35,7 @@ from tuner.search.samplers import make_sampler
 from tuner.server.kinds import served_by
 from tuner.study.decision.acceptance import Decision
 from tuner.study.decision.evaluation import Evaluated, Evaluator
-from tuner.study.decision.lead import FollowedLead, next_lead
+from tuner.study.decision.lead import FollowedLead, next_lead, other_configurations
 from tuner.study.decision.stages import (
     Incumbent,
     Stage,
@@ -363,9 +363,8 @@ class StudyRunner:
             return None
         select = (self.evaluator.select_index, self.evaluator.select_sign)
         stored, gain = self.done[-1], self.config.study.min_gain
-        found = next_lead(
-            stored.search_trials(), incumbent, decision, select, gain, self.confirmation.pooled()
-        )
+        others = other_configurations(stored.search_trials(), incumbent, self.as_run)
+        found = next_lead(others, incumbent, decision, select, gain, self.confirmation.pooled())
         if found is None and self.prescreen is not None:
             found = self.prescreen.lead_ahead(stored, following, incumbent, gain)
         if found is None:
