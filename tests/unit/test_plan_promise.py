@@ -18,7 +18,12 @@ from tuner.schema import TrialAttr, TrialStatus
 from tuner.scoring.confidence import SloClaim
 from tuner.study.decision.acceptance import Decision
 from tuner.study.decision.stages import Incumbent, StudyResult
-from tuner.study.loop.promise import contradiction_lines, nearest_launch, promised
+from tuner.study.loop.promise import (
+    against_the_plan,
+    contradiction_lines,
+    nearest_launch,
+    promised,
+)
 
 logging.getLogger("aiconfigurator_core").setLevel(logging.ERROR)
 NAMES = ["output_throughput_per_gpu"]
@@ -117,3 +122,27 @@ def test_a_winner_on_the_way_that_its_repeats_kept_out_is_named(planner: Planner
     for other in (replace(kept_out, candidate_slos=[met]), replace(kept_out, candidate_params={})):
         shown = contradiction_lines(promise, [near], StudyResult(base, base, [other]), NAMES)
         assert len(shown) == 2
+
+
+def test_a_hand_over_at_the_baselines_tp_still_names_what_contradicted_the_plan(
+    planner: Planner,
+) -> None:
+    """The flagship rehearsal with the prescreen: its memory stage handed over the baseline's
+    TP 8 at another memory setting (accepted on the SLOs alone, -0.2 %), against a plan that
+    promised FP8 at a smaller TP. Not keeping the baseline must not silence the plan's line."""
+    config = planner.config
+    specs = {p: s for group in config.search_space.values() for p, s in group.items()}
+    promise = promised(planner, specs, config.slo, "output_throughput_per_gpu", 0.02)
+    assert promise is not None
+    there = _trial(5, dict(promise.best.params), {"slo_p99_ttft": 0.12})
+    base = Incumbent({}, [341.3], {}, "baseline", [341.3])
+    step = Incumbent({"tensor_parallel_size": 8}, [340.8], {}, "memory trial 0", [340.8])
+    run = ("output_throughput_per_gpu", [there])
+    lines = against_the_plan(
+        planner, specs, config.study, config.slo, run, StudyResult(base, step), NAMES
+    )
+    assert lines[0].endswith("the study handed over {'tensor_parallel_size': 8} instead:")
+    assert "that measurement contradicts the estimate" in lines[1]
+    handed = Incumbent(dict(promise.best.params), [690.0], {}, "parallelism trial 5", [690.0])
+    done = StudyResult(base, handed)
+    assert against_the_plan(planner, specs, config.study, config.slo, run, done, NAMES) == []

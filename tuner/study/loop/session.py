@@ -33,7 +33,7 @@ from tuner.study.decision.stages import StudyResult, spec_text
 from tuner.study.loop.budget import BudgetHook
 from tuner.study.loop.order import choose_order
 from tuner.study.loop.prescreen import Prescreen
-from tuner.study.loop.promise import contradiction_lines, promised
+from tuner.study.loop.promise import against_the_plan
 from tuner.study.loop.runner import Progress, StudyRunner
 from tuner.study.state.fingerprint import fingerprint, hardware, public_env
 from tuner.study.state.lease import RunLease, take_lease
@@ -136,18 +136,18 @@ class Session:
         return "\n".join([*lines, wall] if wall else lines)
 
     def _against_the_plan(self, result: StudyResult) -> list[str]:
-        """Where estimates exist and the study kept its baseline against a gain the plan
-        promised within the SLOs: the measurement that contradicted the estimate."""
+        """Where estimates exist and the study did not hand over a gain the plan promised
+        within the SLOs: the measurement that contradicted the estimate."""
         prescreen, runner = self.runner.prescreen, self.runner
         planner = prescreen.fit_planner if prescreen is not None else None
-        if planner is None or result.final.source != result.baseline.source:
-            return []
-        ev, study = runner.evaluator, self.config.study
-        promise = promised(planner, runner.all_specs, self.config.slo, ev.select_by, study.min_gain)
-        if promise is None:
+        if planner is None:
             return []
         trials = [t for stored in runner.done for t in stored.launched()]
-        return contradiction_lines(promise, trials, result, ev.names)
+        ev, cfg = runner.evaluator, self.config
+        run = (ev.select_by, trials)
+        return against_the_plan(
+            planner, runner.all_specs, cfg.study, cfg.slo, run, result, ev.names
+        )
 
     def plan_text(self) -> str:
         """What `tuner run --dry-run` prints: the study, its stages and its launch budget."""
