@@ -137,12 +137,13 @@ def test_a_hand_over_at_the_baselines_tp_still_names_what_contradicted_the_plan(
     there = _trial(5, dict(promise.best.params), {"slo_p99_ttft": 0.12})
     base = Incumbent({}, [341.3], {}, "baseline", [341.3])
     step = Incumbent({"tensor_parallel_size": 8}, [340.8], {}, "memory trial 0", [340.8])
-    run = ("output_throughput_per_gpu", [there])
+    select, gain = "output_throughput_per_gpu", config.study.min_gain
     lines = against_the_plan(
-        planner, specs, config.study, config.slo, run, StudyResult(base, step), NAMES
+        planner, specs, config.slo, select, gain, [there], StudyResult(base, step), NAMES
     )
     assert lines[0].endswith("the study handed over {'tensor_parallel_size': 8} instead:")
     assert "that measurement contradicts the estimate" in lines[1]
     handed = Incumbent(dict(promise.best.params), [690.0], {}, "parallelism trial 5", [690.0])
     done = StudyResult(base, handed)
-    assert against_the_plan(planner, specs, config.study, config.slo, run, done, NAMES) == []
+    shown = against_the_plan(planner, specs, config.slo, select, gain, [there], done, NAMES)
+    assert shown == []

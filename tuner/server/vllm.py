@@ -170,9 +170,9 @@ class VllmServer:
         head.update({"host": self.config.host, "port": self._port})
         # the launch's flags come rendered; one that names a head flag replaces it (never
         # repeats it), and a None there leaves it out, as for any flag
-        own = [[f"--{k.replace('_', '-')}", str(v)] for k, v in head.items()]
-        kept = [pair for k, pair in zip(head, own, strict=True) if k not in self.launch.flags]
-        return launcher + [part for pair in kept for part in pair] + list(self.launch.argv)
+        kept = {k: v for k, v in head.items() if k not in self.launch.flags}
+        own = [part for k, v in kept.items() for part in (f"--{k.replace('_', '-')}", str(v))]
+        return launcher + own + list(self.launch.argv)
 
     def environment(self) -> dict[str, str]:
         env = dict(os.environ)

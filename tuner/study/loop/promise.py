@@ -17,7 +17,7 @@ from typing import Any
 
 from optuna.trial import FrozenTrial
 
-from tuner.config import ParamSpec, SloConfig, StudyConfig
+from tuner.config import ParamSpec, SloConfig
 from tuner.plan.planner import Planner
 from tuner.plan.table import PlannedPoint
 from tuner.schema import TrialAttr
@@ -85,18 +85,18 @@ def nearest_launch(params: dict[str, Any], trials: Sequence[FrozenTrial]) -> Fro
 def against_the_plan(
     planner: Planner,
     specs: dict[str, ParamSpec],
-    study: StudyConfig,
     slo: SloConfig,
-    run: tuple[str, Sequence[FrozenTrial]],
+    select_by: str,
+    min_gain: float,
+    trials: Sequence[FrozenTrial],
     result: StudyResult,
     names: Sequence[str],
 ) -> list[str]:
     """The summary's lines where the plan promised a gain within the SLOs that the study did
     not hand over, whether it kept the baseline or handed over another point (an SLO-only
     step at the baseline's TP, say): [] where it handed over the promise or none was made.
-    ``run``: the selection objective and every launch of the study's stages."""
-    select_by, trials = run
-    promise = promised(planner, specs, slo, select_by, study.min_gain)
+    ``trials``: every launch of the study's stages."""
+    promise = promised(planner, specs, slo, select_by, min_gain)
     return [] if promise is None else contradiction_lines(promise, trials, result, names)
 
 

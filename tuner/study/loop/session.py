@@ -144,9 +144,9 @@ class Session:
             return []
         trials = [t for stored in runner.done for t in stored.launched()]
         ev, cfg = runner.evaluator, self.config
-        run = (ev.select_by, trials)
+        specs, gain = runner.all_specs, cfg.study.min_gain
         return against_the_plan(
-            planner, runner.all_specs, cfg.study, cfg.slo, run, result, ev.names
+            planner, specs, cfg.slo, ev.select_by, gain, trials, result, ev.names
         )
 
     def plan_text(self) -> str:
