@@ -34,11 +34,16 @@ def stored(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> StoredStudy:
     return make_stored_study(tmp_path / "studies")
 
 
+def _storage_or_kept(name: str) -> bool:
+    """The database (with its write-ahead log) and the files that keep what the user gave."""
+    return name.startswith("optuna.db") or name in ("config.yaml", "server.log")
+
+
 def leaks(folder: Path) -> list[str]:
     """Files under ``folder`` (outside the storage) that contain a planted secret."""
     found = []
     for path in folder.rglob("*"):
-        if path.is_file() and path.name not in ("optuna.db", "config.yaml", "server.log"):
+        if path.is_file() and not _storage_or_kept(path.name):
             data = path.read_bytes()
             found += [f"{path}: {k}" for k, v in PLANTED.items() if v.encode() in data]
     return found

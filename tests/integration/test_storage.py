@@ -56,3 +56,26 @@ def test_shared_storage_fails_only_trials_whose_heartbeat_went_silent(
     assert failed == 1
     assert states[dead.number] == optuna.trial.TrialState.FAIL
     assert states[alive.number] == optuna.trial.TrialState.RUNNING
+
+
+def test_sqlite_storage_writes_ahead_so_a_reader_reads_while_a_trial_is_written(
+    tmp_path: Path,
+) -> None:
+    """The embedded default in WAL mode: optuna-dashboard (another connection) reads the study
+    while a commit holds the database (in a rollback journal's mode that read is refused:
+    "database is locked")."""
+    import sqlite3
+
+    path = tmp_path / "optuna.db"
+    storage = st.open_storage(f"sqlite:///{path}")
+    study = optuna.create_study(storage=storage, study_name="wal")
+    trial = study.ask()
+    trial.set_user_attr("kept", 1)
+    mode = sqlite3.connect(path).execute("PRAGMA journal_mode").fetchone()[0]
+    assert mode == "wal"
+    writer = sqlite3.connect(path, isolation_level=None)
+    writer.execute("BEGIN EXCLUSIVE")  # a commit in progress, as each of a trial's attrs is
+    writer.execute("UPDATE trials SET number = number")
+    reader = sqlite3.connect(path, timeout=0.1)  # a rollback journal would refuse this read
+    assert reader.execute("SELECT value_json FROM trial_user_attributes").fetchall() == [("1",)]
+    writer.execute("ROLLBACK")

@@ -8,6 +8,7 @@ so an unknown one stops here.
 
 from __future__ import annotations
 
+import functools
 import logging
 from types import ModuleType
 
@@ -52,11 +53,18 @@ def aiconfigurator() -> ModuleType:
 
 def known_systems() -> dict[str, list[str]]:
     """System -> the vLLM data versions AIConfigurator can query for it."""
+    return {system: list(versions) for system, versions in _installed_systems()}
+
+
+@functools.cache
+def _installed_systems() -> tuple[tuple[str, tuple[str, ...]], ...]:
+    """What the installed AIConfigurator ships, read once a process: listing it parses every
+    system's YAML (~2 s here), and the installed data does not change under a running tuner."""
     aiconfigurator()
     from aiconfigurator_core.sdk.perf_database import get_supported_databases
 
     found = get_supported_databases()
-    return {s: list(b[BACKEND]) for s, b in sorted(found.items()) if b.get(BACKEND)}
+    return tuple((s, tuple(b[BACKEND])) for s, b in sorted(found.items()) if b.get(BACKEND))
 
 
 def _words(name: str) -> set[str]:

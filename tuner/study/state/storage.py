@@ -7,12 +7,14 @@ may replace it. Errors are translated to StorageError with the password hidden.
 from __future__ import annotations
 
 import contextlib
+import sqlite3
 import threading
 from typing import Any
 
 import optuna
 from optuna.storages import BaseStorage
-from sqlalchemy.engine import make_url
+from sqlalchemy import event
+from sqlalchemy.engine import Engine, make_url
 from sqlalchemy.exc import ArgumentError, SQLAlchemyError
 
 from tuner.errors import ConfigError, StorageError
@@ -42,9 +44,26 @@ def check_url(url: str) -> None:
         ) from exc
 
 
+def _sqlite_wal(dbapi_connection: Any, _record: Any) -> None:
+    """SQLite in write-ahead-log mode: a commit appends to the log rather than rewriting and
+    syncing the database file (a trial writes ~80 attributes, each its own commit: 3x faster
+    here), and optuna-dashboard reads while the study writes instead of waiting on its locks.
+    ``synchronous=NORMAL`` in WAL mode keeps every commit through a crash or kill of the
+    process; only a power loss may drop the last ones."""
+    if isinstance(dbapi_connection, sqlite3.Connection):
+        cursor = dbapi_connection.cursor()
+        cursor.execute("PRAGMA journal_mode=WAL")
+        cursor.execute("PRAGMA synchronous=NORMAL")
+        cursor.close()
+
+
 def open_storage(url: str) -> optuna.storages.RDBStorage:
     """Open (and create the schema of) the study database at ``url``."""
     check_url(url)
+    if make_url(url).get_backend_name() == "sqlite" and not event.contains(
+        Engine, "connect", _sqlite_wal
+    ):
+        event.listen(Engine, "connect", _sqlite_wal)
     engine_kwargs: dict[str, Any] = {"pool_pre_ping": True}  # survive a restarted database
     try:
         return optuna.storages.RDBStorage(
