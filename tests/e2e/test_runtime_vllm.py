@@ -87,14 +87,18 @@ def test_every_runtime_value_the_cpu_build_accepts_runs(
         assert outcome.ok, (args, outcome.reason, outcome.message)
         assert outcome.measurements is not None and outcome.measurements.completed > 0
         metrics = outcome.telemetry.metrics
-        if "speculative_config" in args:  # drafts proposed, and read as vLLM counts them
-            assert metrics["spec_decode_drafts"] > 0
-            rate = metrics["spec_decode_acceptance_rate"]
-            assert 0 <= rate <= 1
-            assert metrics["spec_decode_mean_acceptance_length"] >= 1
-            # one-token lookups find matches even in a random-weight model's text (~5 % of
-            # drafts accepted here); four-token ones may find none
+        if "speculative_config" in args:  # vLLM's spec-decode counters, read as it counts
+            assert "spec_decode_drafts" in metrics, metrics
             if args["speculative_config"] == NGRAM:
-                assert rate > 0 and metrics["spec_decode_mean_acceptance_length"] > 1, metrics
+                # one-token lookups always find a match to draft from, and even a random-weight
+                # model's text accepts some (~5 % of drafts here)
+                assert metrics["spec_decode_drafts"] > 0, metrics
+                assert metrics["spec_decode_acceptance_rate"] > 0, metrics
+                assert metrics["spec_decode_mean_acceptance_length"] > 1, metrics
+            # Two-to-four-token lookups need a repeated pair in random text: a 4 s window on a
+            # slow host has drafted none (CI, 0 drafts), so their rates hold only where drafted.
+            if metrics["spec_decode_drafts"] > 0:
+                assert 0 <= metrics["spec_decode_acceptance_rate"] <= 1, metrics
+                assert metrics["spec_decode_mean_acceptance_length"] >= 1, metrics
         else:
             assert "spec_decode_acceptance_rate" not in metrics
