@@ -79,7 +79,7 @@ def test_every_runtime_value_the_cpu_build_accepts_runs(
             for value in search_space.choices_of(spec) or []:
                 assert (param, json.dumps(value)) in run, (param, value)
 
-    trial = compose([f"studies_dir={tmp_path}", "name=runtime", "workload.window_s=4"])
+    trial = compose([f"studies_dir={tmp_path}", "name=runtime", "workload.window_s=8"])
     paths = StudyPaths.for_study(trial.studies_dir, trial.name).ensure()
     for i, args in enumerate(LAUNCHES):
         launch = resolve(LaunchSpec(args=args), trial.server)
@@ -90,11 +90,10 @@ def test_every_runtime_value_the_cpu_build_accepts_runs(
         if "speculative_config" in args:  # vLLM's spec-decode counters, read as it counts
             assert "spec_decode_drafts" in metrics, metrics
             if args["speculative_config"] == NGRAM:
-                # one-token lookups always find a match to draft from, and even a random-weight
-                # model's text accepts some (~5 % of drafts here)
+                # One-token lookups always find a match to draft from. A random-weight model
+                # accepts ~5 % of them, which in one short window can be none: the rate is
+                # asked to be a rate, not to be above 0.
                 assert metrics["spec_decode_drafts"] > 0, metrics
-                assert metrics["spec_decode_acceptance_rate"] > 0, metrics
-                assert metrics["spec_decode_mean_acceptance_length"] > 1, metrics
             # Two-to-four-token lookups need a repeated pair in random text: a 4 s window on a
             # slow host has drafted none (CI, 0 drafts), so their rates hold only where drafted.
             if metrics["spec_decode_drafts"] > 0:
