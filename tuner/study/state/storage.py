@@ -60,6 +60,8 @@ def _sqlite_wal(dbapi_connection: Any, _record: Any) -> None:
 def open_storage(url: str) -> optuna.storages.RDBStorage:
     """Open (and create the schema of) the study database at ``url``."""
     check_url(url)
+    # On the Engine class, not the storage's engine: RDBStorage builds its engine and connects
+    # (the schema) inside its constructor, before a listener could be added to that engine.
     if make_url(url).get_backend_name() == "sqlite" and not event.contains(
         Engine, "connect", _sqlite_wal
     ):
