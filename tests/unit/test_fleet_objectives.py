@@ -6,8 +6,6 @@ import math
 
 import pytest
 
-import objectives
-import objectives.fleet  # noqa: F401
 from tests.unit.test_objectives import EMPTY, meas
 from tuner.errors import ConfigError
 from tuner.scoring.objective import ObjectiveContext, get_objective
